@@ -1,0 +1,3 @@
+from .poincare_distance import PoincareDistance
+
+__all__ = ["PoincareDistance"]

@@ -1,0 +1,70 @@
+"""Geodesic distance of the Poincaré ball as a PML distance."""
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.distances import BaseDistance
+
+from .. import poincare_ball as pb
+
+
+class PoincareDistance(BaseDistance):
+    r"""Geodesic distance on the Poincaré ball of curvature :math:`-c`, for any PML loss or miner.
+
+    .. math:: d_c(x, y) = \frac{2}{\sqrt{c}}\operatorname{artanh}\big(\sqrt{c}\,\|{-x}\oplus_c y\|\big)
+
+    (computed in the equivalent arsinh form of :func:`pml_hyperbolic.poincare_ball.dist`).
+
+    Args:
+        c: curvature magnitude (> 0): a float, a 0-d tensor (e.g. an ``nn.Parameter``; gradients
+            reach it), or a hypll ``Curvature``/``PoincareBall``. hypll's ``Curvature(1.0)`` is
+            c = softplus(1) ≈ 1.313, not 1: see :mod:`pml_hyperbolic.poincare_ball`.
+        normalize_embeddings: **False** by default, unlike PML's ``BaseDistance``. L2-normalising
+            puts every point at Euclidean norm 1, i.e. on (c = 1) or outside (c > 1) the ball's
+            boundary, where all distances are infinite or meaningless. Leave it off for ball points.
+        project: project inputs into the open ball first (norm ≤ (1 − ε)/√c, see
+            :func:`~pml_hyperbolic.poincare_ball.project`). Points on or outside the boundary are
+            thus moved just inside rather than producing Inf/NaN.
+        check_finite: raise ``ValueError`` if the embeddings hold NaN/Inf (costs one reduction).
+
+    ``is_inverted`` is False: smaller means more similar, like ``LpDistance``. Under autocast the
+    distance is computed and returned in float32.
+    """
+
+    def __init__(self, c=1.0, normalize_embeddings=False, project=True, check_finite=True, **kwargs):
+        if kwargs.pop("is_inverted", False):
+            raise ValueError("is_inverted must be False: a Poincaré distance grows with dissimilarity")
+        super().__init__(normalize_embeddings=normalize_embeddings, is_inverted=False, **kwargs)
+        if isinstance(c, torch.nn.Module):
+            self.curvature_module = c  # registers a hypll Curvature/PoincareBall's parameters
+        elif isinstance(c, torch.nn.Parameter):
+            self.c_param = c
+        pb.as_curvature(c)  # validate now: a bad c should fail at construction, naming c
+        self._c = c
+        self.use_projection = project
+        self.check_finite = check_finite
+
+    @property
+    def c(self) -> torch.Tensor:
+        """The current curvature magnitude as a 0-d tensor (evaluates hypll's constraint)."""
+        return pb.as_curvature(self._c)
+
+    def _prepare(self, emb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        if self.check_finite:
+            pb.check_finite(emb, "embeddings")
+        return pb.project(emb, c) if self.use_projection else emb
+
+    def _curvature_for(self, emb: torch.Tensor) -> torch.Tensor:
+        return pb.as_curvature(self._c, pb.compute_dtype(emb.dtype), emb.device)
+
+    def compute_mat(self, query_emb, ref_emb):
+        c = self._curvature_for(query_emb)
+        query = self._prepare(query_emb, c)
+        ref = query if ref_emb is query_emb else self._prepare(ref_emb, c)
+        return pb.pairwise_dist(query, ref, c)
+
+    def pairwise_distance(self, query_emb, ref_emb):
+        c = self._curvature_for(query_emb)
+        return pb.dist(self._prepare(query_emb, c), self._prepare(ref_emb, c), c)
+
+    def extra_repr(self) -> str:
+        return f"c={float(self.c):.6g}, project={self.use_projection}"

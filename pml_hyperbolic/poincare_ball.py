@@ -1,0 +1,273 @@
+r"""Math of the Poincaré ball: small pure functions, one formula each.
+
+The ball of curvature :math:`-c` (``c > 0``) is :math:`\{x \in \mathbb{R}^D : c\|x\|^2 < 1\}`,
+of radius :math:`1/\sqrt{c}`. Every function takes the curvature ``c`` as a Python float, a 0-d
+tensor (learnable: gradients flow to it), or a hypll ``Curvature`` / ``PoincareBall``.
+
+hypll note: ``hypll.manifolds.poincare_ball.Curvature(value)`` is *not* c = value. hypll passes
+``value`` through a constraining strategy (softplus by default), so ``Curvature(1.0)`` means
+c = softplus(1) ≈ 1.313. These functions evaluate the hypll object, so they use the same c hypll
+uses. To get exactly c = 1 from hypll write ``Curvature(1.0, constraining_strategy=lambda v: v)``,
+or pass the float ``1.0`` here.
+
+Numerics: half-precision inputs (and inputs under ``torch.autocast``) are computed in float32 and
+returned in float32; float64 stays float64. Points on or outside the ball are projected by
+:func:`project` in the public classes; these kernels clamp the conformal denominators so that
+they never divide by zero.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Union
+
+import torch
+from torch import Tensor
+
+from ._pairwise_dist import poincare_pairwise_dist
+
+CurvatureLike = Union[float, Tensor, "torch.nn.Module"]
+
+__all__ = [
+    "as_curvature",
+    "boundary_eps",
+    "check_finite",
+    "compute_dtype",
+    "project",
+    "expmap0",
+    "logmap0",
+    "mobius_add",
+    "dist",
+    "pairwise_dist",
+    "dist0",
+    "conformal_factor",
+    "to_lorentz",
+    "from_lorentz",
+    "lorentz_inner",
+    "lorentz_dist",
+]
+
+# Relative margin kept between projected points and the boundary: the maximum norm is
+# (1 - eps) / sqrt(c). float32 keeps 1e-5 so that points up to sqrt(c)|x| = 1 - 1e-3 (well inside
+# what trained heads produce) are never moved; the conformal factor there is ~5e4, still finite.
+_BOUNDARY_EPS = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels compute in: float64 stays, everything else is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def boundary_eps(dtype: torch.dtype) -> float:
+    """Relative margin to the boundary used by :func:`project` for ``dtype``."""
+    return _BOUNDARY_EPS[compute_dtype(dtype)]
+
+
+def _upcast(x: Tensor) -> Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
+    """Return the positive curvature magnitude c as a 0-d tensor of ``dtype``.
+
+    Accepts a Python number, a 0-d (or one-element) tensor, a hypll ``Curvature`` (evaluated
+    through its constraining strategy) or a hypll ``PoincareBall`` (its ``.c``). A tensor keeps
+    its autograd graph so that a learnable curvature receives gradients.
+
+    Raises:
+        ValueError: if c is not finite or not strictly positive (the message names ``c``).
+    """
+    if hasattr(c, "c") and isinstance(getattr(c, "c"), torch.nn.Module):  # hypll PoincareBall
+        c = c.c
+    if isinstance(c, torch.nn.Module):
+        if not callable(c):
+            raise TypeError(f"c: cannot read a curvature from {type(c).__name__}")
+        c = c()
+    if isinstance(c, Tensor):
+        if c.numel() != 1:
+            raise ValueError(f"c must be a scalar curvature, got a tensor of shape {tuple(c.shape)}")
+        value = float(c.detach().reshape(()))
+        tensor = c.reshape(()).to(dtype=dtype, device=device if device is not None else c.device)
+    elif isinstance(c, Real) and not isinstance(c, bool):
+        value = float(c)
+        tensor = None
+    else:
+        raise TypeError(
+            f"c must be a float, a 0-d tensor, or a hypll Curvature/PoincareBall, got {type(c).__name__}"
+        )
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"c (the curvature magnitude) must be finite and > 0, got {value}")
+    if tensor is None:
+        tensor = torch.tensor(value, dtype=dtype, device=device)
+    return tensor
+
+
+def check_finite(x: Tensor, name: str = "embeddings") -> None:
+    """Raise ``ValueError`` if ``x`` holds NaN or Inf (a silent NaN loss is worse than an error)."""
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} contains {bad} NaN/Inf value(s); cannot compute hyperbolic distances")
+
+
+def _sq_norm(x: Tensor, keepdim: bool = True) -> Tensor:
+    return x.pow(2).sum(dim=-1, keepdim=keepdim)
+
+
+def _safe_norm(x: Tensor, keepdim: bool = True) -> Tensor:
+    """‖x‖ whose gradient at x = 0 is 0, not NaN."""
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=keepdim)
+
+
+def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
+    r"""Project onto the open ball: :math:`x \cdot \min(1, r_{max}/\|x\|)`,
+    :math:`r_{max} = (1-\epsilon)/\sqrt{c}`.
+
+    ``eps`` defaults to :func:`boundary_eps` of the compute dtype (1e-5 for float32, 1e-10 for
+    float64). Points already inside keep their value (and an identity gradient).
+    """
+    x = _upcast(x)
+    c = as_curvature(c, x.dtype, x.device)
+    eps = boundary_eps(x.dtype) if eps is None else eps
+    max_norm = (1.0 - eps) / c.sqrt()
+    norm = _safe_norm(x).clamp_min(torch.finfo(x.dtype).tiny)
+    scale = torch.where(norm > max_norm, max_norm / norm, torch.ones_like(norm))
+    return x * scale
+
+
+def expmap0(v: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Exponential map at the origin: :math:`\exp_0(v) = \tanh(\sqrt{c}\|v\|)\,
+    \frac{v}{\sqrt{c}\|v\|}`.
+
+    Finite with an identity Jacobian at ``v = 0``. For large ``‖v‖`` the result rounds onto the
+    boundary; follow with :func:`project` (as :class:`~pml_hyperbolic.heads.ToPoincare` does).
+    """
+    v = _upcast(v)
+    sqrt_c = as_curvature(c, v.dtype, v.device).sqrt()
+    u = sqrt_c * _safe_norm(v).clamp_min(torch.finfo(v.dtype).tiny)
+    return v * (torch.tanh(u) / u)
+
+
+def _artanh(u: Tensor) -> Tensor:
+    """artanh(u) = ½·log1p(2u / (1 − u)), clamped below 1 so it never returns Inf."""
+    u = u.clamp(max=1.0 - torch.finfo(u.dtype).eps)
+    return 0.5 * torch.log1p(2.0 * u / (1.0 - u))
+
+
+def logmap0(y: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Logarithmic map at the origin: :math:`\log_0(y) = \operatorname{artanh}(\sqrt{c}\|y\|)\,
+    \frac{y}{\sqrt{c}\|y\|}`; the inverse of :func:`expmap0` inside the ball."""
+    y = _upcast(y)
+    sqrt_c = as_curvature(c, y.dtype, y.device).sqrt()
+    u = sqrt_c * _safe_norm(y).clamp_min(torch.finfo(y.dtype).tiny)
+    return y * (_artanh(u) / u)
+
+
+def mobius_add(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Möbius addition
+
+    .. math:: x \oplus_c y = \frac{(1 + 2c\langle x,y\rangle + c\|y\|^2)\,x + (1 - c\|x\|^2)\,y}
+              {1 + 2c\langle x,y\rangle + c^2\|x\|^2\|y\|^2}.
+
+    No additive epsilon in the denominator (it is ≥ (1 − c‖x‖‖y‖)² > 0 inside the ball), so
+    ``0 ⊕ y = y`` exactly; the denominator is only clamped at the smallest normal number.
+    """
+    x, y = _upcast(x), _upcast(y)
+    c = as_curvature(c, x.dtype, x.device)
+    xy = (x * y).sum(dim=-1, keepdim=True)
+    x2, y2 = _sq_norm(x), _sq_norm(y)
+    num = (1 + 2 * c * xy + c * y2) * x + (1 - c * x2) * y
+    den = (1 + 2 * c * xy + c * c * x2 * y2).clamp_min(torch.finfo(x.dtype).tiny)
+    return num / den
+
+
+def conformal_factor(x: Tensor, c: CurvatureLike, keepdim: bool = False) -> Tensor:
+    r"""Conformal factor :math:`\lambda^c_x = 2 / (1 - c\|x\|^2)` (metric = λ² × Euclidean)."""
+    x = _upcast(x)
+    c = as_curvature(c, x.dtype, x.device)
+    return 2.0 / (1.0 - c * _sq_norm(x, keepdim=keepdim)).clamp_min(torch.finfo(x.dtype).tiny)
+
+
+def _asinh_dist(sq_diff: Tensor, x2: Tensor, y2: Tensor, c: Tensor) -> Tensor:
+    tiny = torch.finfo(sq_diff.dtype).tiny
+    a = (1 - c * x2).clamp_min(tiny)
+    b = (1 - c * y2).clamp_min(tiny)
+    return (2 / c.sqrt()) * torch.asinh(torch.sqrt(c * sq_diff / (a * b)))
+
+
+def dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Row-wise geodesic distance (broadcasting over leading dims)
+
+    .. math:: d_c(x, y) = \frac{2}{\sqrt{c}} \operatorname{arsinh}\left(
+              \frac{\sqrt{c}\,\|x - y\|}{\sqrt{(1 - c\|x\|^2)(1 - c\|y\|^2)}}\right),
+
+    which equals the usual :math:`\frac{2}{\sqrt c}\operatorname{artanh}(\sqrt c\|{-x}\oplus y\|)`
+    but needs no Möbius addition, is exact for close points (``‖x − y‖`` is formed directly) and
+    has a zero (not NaN) gradient at ``x = y``.
+    """
+    x, y = _upcast(x), _upcast(y)
+    c = as_curvature(c, x.dtype, x.device)
+    diff_norm = _safe_norm(x - y, keepdim=False)
+    tiny = torch.finfo(x.dtype).tiny
+    a = (1 - c * _sq_norm(x, keepdim=False)).clamp_min(tiny)
+    b = (1 - c * _sq_norm(y, keepdim=False)).clamp_min(tiny)
+    return (2 / c.sqrt()) * torch.asinh(c.sqrt() * diff_norm / torch.sqrt(a * b))
+
+
+def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
+    r"""All-pairs distance matrix: ``x`` (N×D), ``y`` (M×D) → N×M, with
+    :math:`D_{ij} = d_c(x_i, y_j)` as in :func:`dist`.
+
+    Never materialises N×M×D. The squared differences come from one matrix product; pairs for
+    which that product cancels catastrophically (nearby points, the diagonal of ``(x, x)``) are
+    detected and recomputed from explicit differences, so that the result is accurate for every
+    pair and the gradient is finite (zero at ``x_i = y_j``). Backward is closed form (two matrix
+    products); the gradient reaches a learnable ``c`` too. See ``_pairwise_dist`` for the algebra.
+    """
+    x, y = _upcast(x), _upcast(y)
+    if x.dtype != y.dtype:
+        x, y = x.double(), y.double()
+    c = as_curvature(c, x.dtype, x.device)
+    return poincare_pairwise_dist(x, y, c)
+
+
+def dist0(x: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Distance to the origin: :math:`d_c(0, x) = \frac{2}{\sqrt{c}}\operatorname{artanh}
+    (\sqrt{c}\|x\|)` (returns shape ``x.shape[:-1]``)."""
+    x = _upcast(x)
+    sqrt_c = as_curvature(c, x.dtype, x.device).sqrt()
+    return (2 / sqrt_c) * _artanh(sqrt_c * _safe_norm(x, keepdim=False))
+
+
+def to_lorentz(x: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Isometric lift to the hyperboloid :math:`\{X : -X_0^2 + \|X_{1:}\|^2 = -1/c, X_0 > 0\}`:
+
+    .. math:: X = \left(\frac{1 + c\|x\|^2}{\sqrt{c}\,(1 - c\|x\|^2)},\;
+              \frac{2x}{1 - c\|x\|^2}\right).
+    """
+    x = _upcast(x)
+    c = as_curvature(c, x.dtype, x.device)
+    cx2 = c * _sq_norm(x)
+    den = (1 - cx2).clamp_min(torch.finfo(x.dtype).tiny)
+    return torch.cat([(1 + cx2) / (c.sqrt() * den), 2 * x / den], dim=-1)
+
+
+def from_lorentz(X: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Inverse of :func:`to_lorentz`: :math:`x = X_{1:} / (1 + \sqrt{c} X_0)`."""
+    X = _upcast(X)
+    sqrt_c = as_curvature(c, X.dtype, X.device).sqrt()
+    return X[..., 1:] / (1 + sqrt_c * X[..., :1])
+
+
+def lorentz_inner(X: Tensor, Y: Tensor) -> Tensor:
+    r"""Minkowski inner product :math:`\langle X, Y\rangle_L = -X_0Y_0 + \sum_{k\ge1} X_kY_k`
+    (row-wise)."""
+    prod = X * Y
+    return prod[..., 1:].sum(-1) - prod[..., 0]
+
+
+def lorentz_dist(X: Tensor, Y: Tensor, c: CurvatureLike) -> Tensor:
+    r"""Hyperboloid distance :math:`d = \frac{1}{\sqrt c}\operatorname{arcosh}(-c\langle X,Y
+    \rangle_L)`, the same value as :func:`dist` on the corresponding ball points."""
+    c = as_curvature(c, X.dtype, X.device)
+    arg = (-c * lorentz_inner(X, Y)).clamp_min(1.0)
+    return torch.acosh(arg) / c.sqrt()
