@@ -4,27 +4,38 @@ With :math:`a_i = 1 - c\|x_i\|^2`, :math:`b_j = 1 - c\|y_j\|^2`, :math:`s_{ij} =
 
 .. math:: w_{ij} = \frac{c\, s_{ij}}{a_i b_j}, \qquad
           D_{ij} = \frac{2}{\sqrt c}\operatorname{arsinh}\sqrt{w_{ij}}
-          = \frac{1}{\sqrt c}\log\!\big(1 + 2w_{ij} + 2\sqrt{w_{ij}(1+w_{ij})}\big).
+          = \frac{1}{\sqrt c}\operatorname{log1p}\!\big(2w_{ij} + 2\sqrt{w_{ij}(1+w_{ij})}\big).
 
-Forward. :math:`w` comes out of ONE matrix product of augmented rows
-:math:`[p_i\|x_i\|^2,\; p_i,\; -2p_i x_i]\cdot[q_j,\; q_j\|y_j\|^2,\; q_j y_j]` with
-:math:`p = c/a`, :math:`q = 1/b` (row norms in float64). A Gram product loses the small
-differences of nearby points: its absolute error on :math:`w_{ij}` is about
-:math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`w` is below a
-per-row bound derived from that error (``_CLOSE_FACTOR``) are recomputed from explicit
+Forward. :math:`W = 2w` comes out of ONE matrix product of augmented rows
+:math:`[-4p_i x_i,\; 2p_i\|x_i\|^2,\; 2p_i]\cdot[q_j y_j,\; q_j,\; q_j\|y_j\|^2]` with
+:math:`p = c/a`, :math:`q = 1/b` (row norms in float64). Then
+:math:`S = \sqrt{W + W^2/2} = \sqrt2\sqrt{w(1+w)}` (saved for the backward) and
+:math:`D = \operatorname{log1p}(W + \sqrt2 S)/\sqrt c`: five in-place elementwise passes, all
+vectorised (aten's ``asinh``/``acosh`` are scalar libm calls, ~20× slower here).
+
+A Gram product loses the small differences of nearby points: its absolute error on :math:`w_{ij}`
+is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`w` is below a
+per-row bound derived from that error (``_TARGET_REL_ERROR``) are recomputed from explicit
 differences :math:`x_i - y_j`. In float32, if more than 1/16 of all pairs are close (a collapsed
 batch), the whole product is redone in float64 instead, which needs the fix only for
-near-duplicates. Memory is O(NM + ND); no N×M×D tensor is built.
+near-duplicates. When ``x`` is ``y`` the diagonal is set to exactly 0. Memory is O(NM + ND); no
+N×M×D tensor is built.
 
-Backward. With upstream gradient :math:`U` and :math:`E = U/\sqrt{w(1+w)}`,
-:math:`F = U\sqrt{w/(1+w)}`:
+Backward. With upstream gradient :math:`U`, :math:`E = U/\sqrt{w(1+w)}` and
+:math:`F = E\,w = U\sqrt{w/(1+w)}`:
 
 .. math:: \nabla_{x_i} = \frac{2\sqrt c}{a_i}\Big[x_i\big(\textstyle\sum_j E_{ij} q_j + \sum_j F_{ij}\big)
           - \sum_j E_{ij} q_j y_j\Big]
 
-(symmetric for :math:`y`), i.e. two matrix products. For the close pairs the first term is
-replaced by its bounded explicit form :math:`2U_{ij}\,(x_i - y_j)/(\|x_i - y_j\|\sqrt{a_i b_j(1+w_{ij})})`,
-which is 0 at :math:`x_i = y_j` (no NaN from the diagonal). For the curvature
+(symmetric for :math:`y`). The row sums of :math:`F` are folded into the same matrix product:
+:math:`\sum_j E_{ij}w_{ij} = p_i\big(\|x_i\|^2 \sum_j E_{ij}q_j + \sum_j E_{ij}q_j\|y_j\|^2
+- 2x_i\cdot\sum_j E_{ij}q_jy_j\big)`, so one product with :math:`[q y, q, q\|y\|^2]` gives
+everything for :math:`x` (its cancellation error is bounded like the forward's, because every pair
+left in it passed the closeness test). When ``x`` is ``y`` (PML's ``compute_mat(emb, emb)``) the two
+products collapse into one with :math:`E + E^\top`. Close pairs are taken out of :math:`E` and
+added back sparsely in bounded explicit form: :math:`2U_{ij}\,(x_i - y_j)/(\|x_i - y_j\|
+\sqrt{a_i b_j(1+w_{ij})})` (0 at :math:`x_i = y_j`, no NaN from the diagonal) plus their
+:math:`F_{ij}`. For the curvature
 
 .. math:: \frac{\partial D_{ij}}{\partial c} = -\frac{D_{ij}}{2c} + \frac{1}{\sqrt c}
           \sqrt{\frac{w_{ij}}{1+w_{ij}}}\Big(\frac1c + \frac{\|x_i\|^2}{a_i} + \frac{\|y_j\|^2}{b_j}\Big).
@@ -44,6 +55,8 @@ _TARGET_REL_ERROR = {torch.float32: 4e-5, torch.float64: 4e-11}
 _CHUNK_ELEMENTS = 1 << 22
 # Above this fraction of close pairs a float32 call redoes the product in float64.
 _MAX_CLOSE_FRACTION = 1.0 / 16.0
+_SQRT2 = math.sqrt(2.0)
+_TINY64 = torch.finfo(torch.float64).tiny
 
 
 def _gram_error(dtype: torch.dtype, dim: int) -> float:
@@ -51,44 +64,57 @@ def _gram_error(dtype: torch.dtype, dim: int) -> float:
     return 2.0 * math.sqrt(dim) * torch.finfo(dtype).eps
 
 
-def _row_terms(x: Tensor, c64: Tensor):
-    """Float64 row quantities: ‖x‖², 1/a = 1/(1 − c‖x‖²)."""
-    x2 = x.double().pow(2).sum(1)
-    inv_a = 1.0 / (1.0 - c64 * x2).clamp_min(torch.finfo(torch.float64).tiny)
+def _row_terms(x: Tensor, c: float):
+    """Float64 row quantities: ‖x‖² and 1/(1 − c‖x‖²) (clamped: never a division by zero)."""
+    xd = x.double()
+    x2 = torch.linalg.vecdot(xd, xd)
+    inv_a = (1.0 - c * x2).clamp_min_(_TINY64).reciprocal_()
     return x2, inv_a
 
 
-def _gram_w(x, y, x2, inv_a, y2, inv_b, c64, dtype):
-    """w = c‖x−y‖²/(ab) from one augmented matrix product, plus the per-row closeness bound."""
-    p = c64 * inv_a
-    left = torch.cat([(p * x2)[:, None], p[:, None], -2.0 * p[:, None] * x.double()], 1)
-    right = torch.cat([inv_b[:, None], (inv_b * y2)[:, None], inv_b[:, None] * y.double()], 1)
-    w = left.to(dtype) @ right.to(dtype).T
-    factor = _gram_error(dtype, x.shape[1] + 2) / _TARGET_REL_ERROR[dtype]
-    # Upper bound of p_i * max_j q_j (‖x_i‖² + ‖y_j‖²): the Gram error scale of row i.
-    bound = factor * p * (x2 * inv_b.max() + (inv_b * y2).max()) if y.shape[0] else p * 0
-    return w, bound.to(dtype)
+def _augmented(x: Tensor, x2: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows ``[scale·x, scale, scale·‖x‖²]`` in ``dtype`` (the right factor of the backward products)."""
+    n, dim = x.shape
+    out = torch.empty(n, dim + 2, dtype=dtype, device=x.device)
+    torch.mul(x.to(dtype), scale.to(dtype)[:, None], out=out[:, :dim])
+    out[:, dim] = scale
+    out[:, dim + 1] = scale * x2
+    return out
 
 
-def _close_pairs(w: Tensor, bound: Tensor, same: bool):
+def _gram_W(x, y, x2, inv_a, y2, inv_b, c: float, dtype):
+    """W = 2w = 2c‖x−y‖²/(ab) from one augmented matrix product, plus the per-row closeness bound."""
+    p2 = (2.0 * c) * inv_a
+    dim = x.shape[1]
+    left = _augmented(x, x2, -2.0 * p2, dtype)  # [-4p x, -2p, -2p‖x‖²] -> fix the last two
+    left[:, dim] = p2 * x2
+    left[:, dim + 1] = p2
+    right = _augmented(y, y2, inv_b, dtype)  # [q y, q, q‖y‖²]
+    W = left @ right.T  # 2p q (‖x‖² + ‖y‖² − 2 x·y)
+    factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
+    # Upper bound of 2 p_i max_j q_j (‖x_i‖² + ‖y_j‖²): the Gram error scale of row i of W.
+    bound = factor * p2 * (x2 * inv_b.max() + (inv_b * y2).max())
+    return W, bound.to(dtype)
+
+
+def _close_pairs(W: Tensor, bound: Tensor, same: bool):
     """Indices of the pairs the Gram product cannot resolve (excluding the diagonal if ``same``).
 
-    A per-row minimum first keeps the full-matrix compare and ``nonzero`` (the costliest
-    elementwise steps here) to the few rows that have a close pair at all. With ``same`` the
-    diagonal is exactly zero and is written directly.
+    A per-row minimum first keeps the full-matrix compare and ``nonzero`` to the few rows that
+    have a close pair at all. With ``same`` the diagonal is written as exactly 0.
     """
     if same:
-        w.diagonal().fill_(float("inf"))
-    candidates = torch.nonzero(w.amin(1) <= bound).squeeze(1)
+        W.diagonal().fill_(float("inf"))
+    candidates = torch.nonzero(W.amin(1) <= bound).squeeze(1)
     if candidates.numel() == 0:
         rows = cols = candidates
-    elif candidates.numel() == w.shape[0]:
-        rows, cols = torch.nonzero(w <= bound[:, None], as_tuple=True)
+    elif candidates.numel() == W.shape[0]:
+        rows, cols = torch.nonzero(W <= bound[:, None], as_tuple=True)
     else:
-        sub_rows, cols = torch.nonzero(w[candidates] <= bound[candidates, None], as_tuple=True)
+        sub_rows, cols = torch.nonzero(W[candidates] <= bound[candidates, None], as_tuple=True)
         rows = candidates[sub_rows]
     if same:
-        w.diagonal().zero_()
+        W.diagonal().zero_()
     return rows, cols
 
 
@@ -98,8 +124,16 @@ def _explicit_sq_diff(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor) -> Tenso
     step = max(1, _CHUNK_ELEMENTS // max(1, x.shape[1]))
     for start in range(0, rows.shape[0], step):
         sl = slice(start, start + step)
-        out[sl] = (x[rows[sl]] - y[cols[sl]]).pow(2).sum(1)
+        diff = x[rows[sl]] - y[cols[sl]]
+        out[sl] = torch.linalg.vecdot(diff, diff)
     return out
+
+
+def _folded_F(z: Tensor, x: Tensor, x2: Tensor, p: Tensor) -> Tensor:
+    """Σ_j E_ij w_ij = p_i (‖x_i‖² Σ_j E_ij q_j + Σ_j E_ij q_j‖y_j‖² − 2 x_i·Σ_j E_ij q_j y_j),
+    from ``z = E @ [q y, q, q‖y‖²]``."""
+    dim = x.shape[1]
+    return p * (x2 * z[:, dim] + z[:, dim + 1] - 2.0 * torch.linalg.vecdot(x, z[:, :dim]))
 
 
 class PoincarePairwiseDist(torch.autograd.Function):
@@ -108,86 +142,120 @@ class PoincarePairwiseDist(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, c: Tensor) -> Tensor:
         dtype = x.dtype
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            c64 = c.detach().double()
-            x2, inv_a = _row_terms(x, c64)
-            y2, inv_b = _row_terms(y, c64)
-            # PML's compute_mat(emb, emb) passes one tensor twice: its diagonal is exactly 0.
-            same = x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
-            w, bound = _gram_w(x, y, x2, inv_a, y2, inv_b, c64, dtype)
-            rows, cols = _close_pairs(w, bound, same)
-            if dtype == torch.float32 and rows.numel() > _MAX_CLOSE_FRACTION * w.numel():
-                w64, bound64 = _gram_w(x, y, x2, inv_a, y2, inv_b, c64, torch.float64)
-                rows, cols = _close_pairs(w64, bound64, same)
-                w = w64.to(dtype)
-            if rows.numel():
-                scale = (c64 * inv_a[rows] * inv_b[cols]).to(dtype)
-                w[rows, cols] = scale * _explicit_sq_diff(x, y, rows, cols)
-            # arsinh(sqrt w) = ½ log1p(2(w + sqrt(w(1+w)))): vectorised ops only (aten's asinh is
-            # scalar libm, ~4x slower here), and sqrt(w(1+w)) is reused by the backward.
-            root = torch.addcmul(w, w, w).sqrt_()
-            d = torch.add(w, root).mul_(2.0).log1p_().mul_(1.0 / math.sqrt(float(c64)))
-        ctx.save_for_backward(x, y, c, w, root, d, rows, cols, x2, inv_a, y2, inv_b)
+        cf = float(c.detach())
+        # PML's compute_mat(emb, emb) passes one tensor twice: its diagonal is exactly 0.
+        same = x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
         ctx.same = same
+        ctx.same_object = x is y
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x2, inv_a = _row_terms(x, cf)
+            y2, inv_b = (x2, inv_a) if same else _row_terms(y, cf)
+            if x.shape[0] == 0 or y.shape[0] == 0:
+                empty = x.new_zeros(x.shape[0], y.shape[0])
+                ctx.save_for_backward(x, y, c, empty, empty, None, None, None, x2, inv_a, y2, inv_b)
+                return empty
+            W, bound = _gram_W(x, y, x2, inv_a, y2, inv_b, cf, dtype)
+            rows, cols = _close_pairs(W, bound, same)
+            if dtype == torch.float32 and rows.numel() > _MAX_CLOSE_FRACTION * W.numel():
+                W64, bound64 = _gram_W(x, y, x2, inv_a, y2, inv_b, cf, torch.float64)
+                rows, cols = _close_pairs(W64, bound64, same)
+                W = W64.to(dtype)
+            if rows.numel():
+                w_close = ((cf * inv_a[rows] * inv_b[cols]).to(dtype)) * _explicit_sq_diff(x, y, rows, cols)
+                W[rows, cols] = 2.0 * w_close
+            else:
+                w_close = W.new_zeros(0)
+            # S = sqrt(W + W²/2) = sqrt2·sqrt(w(1+w)); D = log1p(W + sqrt2·S)/sqrt(c). In place;
+            # finite and exactly 0 at W = 0 (no rsqrt, whose Inf at 0 would need patching).
+            S = torch.addcmul(W, W, W, value=0.5).sqrt_()
+            d = W.add_(S, alpha=_SQRT2).log1p_()
+            if cf != 1.0:
+                d.mul_(1.0 / math.sqrt(cf))
+        ctx.save_for_backward(x, y, c, S, d if ctx.needs_input_grad[2] else None, rows, cols, w_close,
+                              x2, inv_a, y2, inv_b)
         return d
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
-        x, y, c, w, root, d, rows, cols, x2, inv_a, y2, inv_b = ctx.saved_tensors
+        x, y, c, S, d, rows, cols, w_close, x2, inv_a, y2, inv_b = ctx.saved_tensors
         need_x, need_y, need_c = ctx.needs_input_grad
-        dtype = w.dtype
+        if S.numel() == 0:
+            return (torch.zeros_like(x) if need_x else None, torch.zeros_like(y) if need_y else None,
+                    torch.zeros_like(c) if need_c else None)
+        dtype = S.dtype
+        combined = ctx.same_object and need_x and need_y
         with torch.autocast(device_type=x.device.type, enabled=False):
             grad = grad.to(dtype)
-            c64 = c.detach().double()
-            sqrt_c = math.sqrt(float(c64))
-            E = torch.div(grad, root)  # U / sqrt(w(1+w)); Inf only at w = 0 (close pairs)
-            F = E * w  # U sqrt(w/(1+w)); NaN only at w = 0: a close pair or the diagonal
+            cf = float(c.detach())
+            sqrt_c = math.sqrt(cf)
+            # E' = U/S = E/sqrt2 (undone in `scale` below); Inf/NaN only where S = 0 (diagonal,
+            # close pairs), which are overwritten next.
+            E = torch.div(grad, S)
             if ctx.same:  # x_i = y_i: both terms of the gradient are 0 there
                 E.diagonal().zero_()
-                F.diagonal().zero_()
-            if rows.numel():
-                w_close = w[rows, cols]
+            n_close = rows.numel()
+            if n_close:
                 u_close = grad[rows, cols]
                 E[rows, cols] = 0
-                F[rows, cols] = u_close * torch.sqrt(w_close / (1 + w_close))
-            row_F, col_F = F.sum(1), F.sum(0)
+                F_close = u_close * torch.sqrt(w_close / (1 + w_close))  # true scale
+                ab = (inv_a[rows] * inv_b[cols]).to(dtype).reciprocal()
+                coef = 2 * u_close / torch.sqrt(ab * (1 + w_close))
+                diff = x[rows] - y[cols]
+                norm = torch.linalg.vector_norm(diff, dim=1)
+                # x_i = y_j: the direction is undefined, the (sub)gradient is 0.
+                inv_norm = torch.where(norm > 0, norm.reciprocal(), torch.zeros_like(norm))
+                explicit = diff * (coef * inv_norm)[:, None]
+            p = (cf * inv_a).to(dtype)
+            q_c = (cf * inv_b).to(dtype)  # c/b
+            x2d, y2d = x2.to(dtype), y2.to(dtype)
+            dim = x.shape[1]
             gx = gy = gc = None
-            if need_x or need_y:
-                if rows.numel():
-                    ab = (inv_a[rows] * inv_b[cols]).to(dtype).reciprocal()
-                    coef = 2 * u_close / torch.sqrt(ab * (1 + w_close))
-                    pair_x, pair_y = x[rows], y[cols]
-                    diff = pair_x - pair_y
-                    norm = torch.linalg.vector_norm(diff, dim=1)
-                    # x_i = y_j: the direction is undefined, the (sub)gradient is 0.
-                    inv_norm = torch.where(norm > 0, norm.reciprocal(), torch.zeros_like(norm))
-                    explicit = diff * (coef * inv_norm)[:, None]
-            if need_x:
-                ia, ib = inv_a.to(dtype), inv_b.to(dtype)
-                R = E @ torch.cat([ib[:, None] * y, ib[:, None]], 1)
-                gx = (2 * sqrt_c) * ia[:, None] * (x * (R[:, -1] + row_F)[:, None] - R[:, :-1])
-                if rows.numel():
-                    gx.index_add_(0, rows, explicit)
-            if need_y:
-                ia, ib = inv_a.to(dtype), inv_b.to(dtype)
-                C = E.T @ torch.cat([ia[:, None] * x, ia[:, None]], 1)
-                gy = (2 * sqrt_c) * ib[:, None] * (y * (C[:, -1] + col_F)[:, None] - C[:, :-1])
-                if rows.numel():
-                    gy.index_add_(0, cols, -explicit)
+            row_F = col_F = None
+            if combined:
+                # x is y: ∇ = ∇_x + ∇_y, one product with E + E^T (weights 1/a = 1/b).
+                Z = torch.add(E, E.T) @ _augmented(x, x2, inv_a, dtype)
+                both_F = _SQRT2 * _folded_F(Z, x, x2d, p)
+                if n_close:
+                    both_F.index_add_(0, rows, F_close).index_add_(0, cols, F_close)
+                scale = (2.0 * sqrt_c * _SQRT2) * inv_a.to(dtype)
+                gx = scale[:, None] * (x * (Z[:, dim] + both_F / _SQRT2)[:, None] - Z[:, :dim])
+                if n_close:
+                    gx.index_add_(0, rows, explicit).index_add_(0, cols, -explicit)
+                row_F, col_F = both_F, None
+            else:
+                if need_x or need_c:
+                    R = E @ _augmented(y, y2, inv_b, dtype)
+                    row_F = _SQRT2 * _folded_F(R, x, x2d, p)
+                    if n_close:
+                        row_F.index_add_(0, rows, F_close)
+                    if need_x:
+                        scale = (2.0 * sqrt_c * _SQRT2) * inv_a.to(dtype)
+                        gx = scale[:, None] * (x * (R[:, dim] + row_F / _SQRT2)[:, None] - R[:, :dim])
+                        if n_close:
+                            gx.index_add_(0, rows, explicit)
+                if need_y or need_c:
+                    C = E.T @ _augmented(x, x2, inv_a, dtype)
+                    col_F = _SQRT2 * _folded_F(C, y, y2d, q_c)
+                    if n_close:
+                        col_F.index_add_(0, cols, F_close)
+                    if need_y:
+                        scale = (2.0 * sqrt_c * _SQRT2) * inv_b.to(dtype)
+                        gy = scale[:, None] * (y * (C[:, dim] + col_F / _SQRT2)[:, None] - C[:, :dim])
+                        if n_close:
+                            gy.index_add_(0, cols, -explicit)
             if need_c:
-                cf = float(c64)
-                total = (
-                    -(grad * d).sum().double() / (2 * cf)
-                    + (
-                        row_F.double().sum() / cf
-                        + (x2 * inv_a * row_F.double()).sum()
-                        + (y2 * inv_b * col_F.double()).sum()
-                    )
-                    / sqrt_c
-                )
+                # Σ U ∂D/∂c = −Σ U D/(2c) + (1/√c)[Σ F/c + Σ_i ‖x_i‖²/a_i F_i· + Σ_j ‖y_j‖²/b_j F_·j]
+                if combined:  # both_F = row sums + column sums of F (x = y)
+                    total_F = both_F.double().sum() / 2
+                    weighted = (x2 * inv_a * both_F.double()).sum()
+                else:
+                    total_F = row_F.double().sum()
+                    weighted = (x2 * inv_a * row_F.double()).sum() + (y2 * inv_b * col_F.double()).sum()
+                total = -torch.vdot(grad.reshape(-1), d.reshape(-1)).double() / (2 * cf) + (
+                    total_F / cf + weighted) / sqrt_c
                 gc = total.to(c.dtype).reshape(c.shape)
-        return gx, gy, gc
+        return gx, (None if combined else gy), gc
 
 
 def poincare_pairwise_dist(x: Tensor, y: Tensor, c: Tensor) -> Tensor:

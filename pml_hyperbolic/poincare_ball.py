@@ -130,7 +130,10 @@ def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
     eps = boundary_eps(x.dtype) if eps is None else eps
     max_norm = (1.0 - eps) / c.sqrt()
     norm = _safe_norm(x).clamp_min(torch.finfo(x.dtype).tiny)
-    scale = torch.where(norm > max_norm, max_norm / norm, torch.ones_like(norm))
+    # A projected point's recomputed norm can round a few ulps above max_norm; the slack makes
+    # project idempotent (project(project(x)) == project(x) bit for bit) and is far inside the ball.
+    slack = 1.0 + 8.0 * torch.finfo(x.dtype).eps
+    scale = torch.where(norm > max_norm * slack, max_norm / norm, torch.ones_like(norm))
     return x * scale
 
 
@@ -220,8 +223,9 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     Never materialises N×M×D. The squared differences come from one matrix product; pairs for
     which that product cancels catastrophically (nearby points, the diagonal of ``(x, x)``) are
     detected and recomputed from explicit differences, so that the result is accurate for every
-    pair and the gradient is finite (zero at ``x_i = y_j``). Backward is closed form (two matrix
-    products); the gradient reaches a learnable ``c`` too. See ``_pairwise_dist`` for the algebra.
+    pair and the gradient is finite (zero at ``x_i = y_j``). Backward is closed form: two matrix
+    products, or one when ``x`` is ``y`` (PML's ``compute_mat(emb, emb)``); the gradient reaches a
+    learnable ``c`` too. See ``_pairwise_dist`` for the algebra. Not twice differentiable.
     """
     x, y = _upcast(x), _upcast(y)
     if x.dtype != y.dtype:

@@ -82,8 +82,6 @@ FONT_SPECS = [
     FontSpec("Misaki Gothic", "fonts-misaki", "truetype/misaki/misaki_gothic.ttf", 0, "display"),
     FontSpec("Misaki Mincho", "fonts-misaki", "truetype/misaki/misaki_mincho.ttf", 0, "display"),
     FontSpec("UnGungseo", "fonts-unfonts-core", "truetype/unfonts-core/UnGungseo.ttf", 0, "display"),
-    FontSpec("UnPilgi", "fonts-unfonts-core", "truetype/unfonts-core/UnPilgi.ttf", 0, "display"),
-    FontSpec("Baekmuk Headline", "fonts-baekmuk", "truetype/baekmuk/hline.ttf", 0, "display"),
 ]
 FAMILY_NAMES = ["serif", "sans", "display"]
 
@@ -99,11 +97,20 @@ def install_font_packages():
     )
 
 
+UNIHAN_FIELD_FILES = {"kRSUnicode": "Unihan_IRGSources", "kJoyoKanji": "Unihan_OtherMappings"}
+
+
 def read_unihan_field(field, unihan_dir=UNIHAN_DIR):
-    """Return ``{codepoint: value}`` for one Unihan field, searching all Unihan files."""
+    """Return ``{codepoint: value}`` for one Unihan field (each field lives in a single Unihan file)."""
     values = {}
+    if not os.path.isdir(unihan_dir):
+        raise FileNotFoundError(f"{unihan_dir} missing; install Debian's 'unicode-data' package")
     paths = [os.path.join(unihan_dir, f) for f in sorted(os.listdir(unihan_dir)) if f.startswith("Unihan_")]
+    hint = UNIHAN_FIELD_FILES.get(field)
+    paths.sort(key=lambda p: 0 if hint and os.path.basename(p).startswith(hint) else 1)
     for path in paths:
+        if values:
+            break
         opener = bz2.open if path.endswith(".bz2") else open
         with opener(path, "rt", encoding="utf-8") as handle:
             for line in handle:
@@ -138,14 +145,23 @@ def font_codepoints(path, face_index):
     return set(font.getBestCmap() or {})
 
 
-def render_glyph(font, character, image_size, supersample=4, em_fill=0.86):
+def render_glyph(font, character, image_size, rng=None, supersample=4, max_rotation=8.0,
+                 scale_range=(0.68, 1.0), aspect_range=(0.87, 1.15), stroke_change_prob=0.5):
     """Render one character as ink intensity (0 = paper, 255 = ink).
 
-    The glyph is drawn at a fixed em size per font (so relative glyph sizes in
-    a typeface survive), rendered ``supersample`` times larger and box-filtered
-    down for clean anti-aliasing, then its ink bounding box is centred.
+    The glyph is drawn at a fixed em size per font (so relative glyph sizes in a
+    typeface survive) and ``supersample`` times larger than the output, then
+    box-filtered down for clean anti-aliasing.
+
+    With ``rng`` given, each rendering gets a random *nuisance* transform baked
+    in: uniform scale, aspect change, small rotation, stroke thickening or
+    thinning and a random position inside the frame. This is what keeps the
+    evaluation protocol from being solved by pixel matching: perfectly centred
+    renderings of the same character in two similar typefaces correlate almost
+    perfectly, jittered ones do not, while the character stays fully legible.
+    Without ``rng`` the ink bounding box is centred and nothing else changes.
     """
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFilter
 
     big = image_size * supersample
     canvas = Image.new("L", (2 * big, 2 * big), 0)
@@ -153,13 +169,33 @@ def render_glyph(font, character, image_size, supersample=4, em_fill=0.86):
     bbox = canvas.getbbox()
     if bbox is None:
         return None
-    ink = canvas.crop(bbox)
-    limit = int(round(big * 0.94))
+    if rng is not None:
+        pad = supersample  # room for the stroke filter to grow the ink
+        ink = canvas.crop((bbox[0] - pad, bbox[1] - pad, bbox[2] + pad, bbox[3] + pad))
+        if rng.random() < stroke_change_prob:
+            size = int(rng.choice([3, 5]))
+            grow = rng.random() < 0.5
+            ink = ink.filter(ImageFilter.MaxFilter(size) if grow else ImageFilter.MinFilter(size))
+        scale = rng.uniform(*scale_range)
+        aspect = rng.uniform(*aspect_range)
+        new_size = (max(1, int(ink.width * scale * aspect)), max(1, int(ink.height * scale / aspect)))
+        ink = ink.resize(new_size, Image.LANCZOS)
+        ink = ink.rotate(rng.uniform(-max_rotation, max_rotation), resample=Image.BICUBIC, expand=True)
+        if ink.getbbox() is not None:
+            ink = ink.crop(ink.getbbox())
+    else:
+        ink = canvas.crop(bbox)
+    limit = int(round(big * 0.96))
     if max(ink.size) > limit:  # oversized glyph: shrink uniformly to fit
-        scale = limit / max(ink.size)
-        ink = ink.resize((max(1, int(ink.width * scale)), max(1, int(ink.height * scale))), Image.LANCZOS)
+        shrink = limit / max(ink.size)
+        ink = ink.resize((max(1, int(ink.width * shrink)), max(1, int(ink.height * shrink))), Image.LANCZOS)
+    slack_x, slack_y = big - ink.width, big - ink.height
+    if rng is not None:
+        offset = (int(rng.integers(0, slack_x + 1)), int(rng.integers(0, slack_y + 1)))
+    else:
+        offset = (slack_x // 2, slack_y // 2)
     out = Image.new("L", (big, big), 0)
-    out.paste(ink, ((big - ink.width) // 2, (big - ink.height) // 2))
+    out.paste(ink, offset)
     return np.asarray(out.resize((image_size, image_size), Image.BOX), dtype=np.uint8)
 
 
@@ -176,6 +212,8 @@ def debian_license_summary(package):
     copyright_match = re.search(r"^Copyright:\s*(.+(?:\n\s+.+)*)", chosen, re.M)
     licence = license_match.group(1).strip() if license_match else "see copyright file"
     holders = " ".join(copyright_match.group(1).split()) if copyright_match else ""
+    if not license_match and "ARPHIC PUBLIC LICENSE" in text.upper():  # pre-DEP-5 copyright file
+        licence, holders = "Arphic Public License", "1994-1999 Arphic Technology Co., Ltd."
     return licence, holders
 
 
@@ -233,7 +271,7 @@ def select_characters(fonts_codepoints, num_radicals, characters_per_radical, se
 
 
 def build(output, image_size=40, num_radicals=32, characters_per_radical=10,
-          min_joyo_coverage=0.85, seed=0, license_path=None, verbose=True):
+          min_joyo_coverage=0.80, seed=0, jitter=True, license_path=None, verbose=True):
     from PIL import ImageFont
 
     joyo = set(read_unihan_field("kJoyoKanji"))
@@ -274,7 +312,8 @@ def build(output, image_size=40, num_radicals=32, characters_per_radical=10,
             os.path.join(FONT_ROOT, spec.relative_path), int(image_size * 4 * 0.86), index=spec.face_index
         )
         for char_id, character in enumerate(characters):
-            glyph = render_glyph(font, character, image_size)
+            glyph_rng = np.random.default_rng([seed, font_id, char_id]) if jitter else None
+            glyph = render_glyph(font, character, image_size, rng=glyph_rng)
             if glyph is None:
                 raise RuntimeError(f"{spec.name} renders {character!r} as an empty image")
             images[char_id, font_id] = glyph
@@ -282,6 +321,7 @@ def build(output, image_size=40, num_radicals=32, characters_per_radical=10,
     metadata = {
         "image_size": image_size,
         "seed": seed,
+        "jitter": bool(jitter),
         "num_radicals": num_radicals,
         "characters_per_radical": characters_per_radical,
         "ink": "255 = ink, 0 = paper",
@@ -317,6 +357,7 @@ def main(argv=None):
     parser.add_argument("--num-radicals", type=int, default=32)
     parser.add_argument("--characters-per-radical", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-jitter", action="store_true", help="centred renderings without nuisance transforms")
     parser.add_argument("--install-fonts", action="store_true", help="apt-get install the font packages first")
     args = parser.parse_args(argv)
     if args.install_fonts:
@@ -327,6 +368,7 @@ def main(argv=None):
         num_radicals=args.num_radicals,
         characters_per_radical=args.characters_per_radical,
         seed=args.seed,
+        jitter=not args.no_jitter,
         license_path=args.license_output,
     )
 

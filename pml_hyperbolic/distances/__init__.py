@@ -1,3 +1,4 @@
 from .poincare_distance import PoincareDistance
+from .mixed_geometry_distance import MixedGeometryDistance
 
-__all__ = ["PoincareDistance"]
+__all__ = ["PoincareDistance", "MixedGeometryDistance"]

@@ -51,4 +51,4 @@ class ToPoincare(nn.Module):
         return pb.project(pb.expmap0(x, c), c)
 
     def extra_repr(self) -> str:
-        return f"c={float(self.c):.6g}, clip_r={self.clip_r}, learnable_c={self.log_c is not None}"
+        return f"c={float(self.c.detach()):.6g}, clip_r={self.clip_r}, learnable_c={self.log_c is not None}"

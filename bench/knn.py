@@ -1,0 +1,145 @@
+"""Exact hyperbolic kNN (HyperbolicKNN) vs faiss IndexFlatIP and PML CustomKNN(PoincareDistance).
+
+    python bench/knn.py                     # both cases (Cars 8,131 / k=8 and SOP 60,000 / k=1000)
+    python bench/knn.py --quick             # smaller, for a smoke run
+
+Float32 CPU, --threads (default 2) threads for torch and faiss. Ratios are against baselines
+measured in the same run:
+  * faiss IndexFlatIP.search over the same (Lorentz-lifted, float32) vectors, same k (+1 for self);
+  * PML CustomKNN(PoincareDistance(c), batch_size) on the first --custom-queries queries (full
+    reference), extrapolated linearly in the number of queries (labelled "extrapolated").
+Correctness: --check-queries random queries against a float64 brute force (same tie rule: by
+index) -> identical neighbour lists (sets and order) and max relative distance error.
+Embeddings look like a trained head's output: Gaussian directions, norms clipped to 2.3, expmap0.
+"""
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pml_hyperbolic import poincare_ball as pb  # noqa: E402
+from pml_hyperbolic.distances import PoincareDistance  # noqa: E402
+from pml_hyperbolic.evaluation import HyperbolicIndex, HyperbolicKNN  # noqa: E402
+
+
+def make_embeddings(n, d, c, seed):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d, generator=g)
+    # clustered like trained embeddings: class centres + noise, then clip 2.3 + expmap0
+    centres = torch.randn(max(1, n // 40), d, generator=g)
+    v = centres[torch.randint(0, len(centres), (n,), generator=g)] + 0.7 * v
+    norm = v.norm(dim=1, keepdim=True)
+    v = v * torch.clamp(2.3 / norm, max=1.0)
+    return pb.project(pb.expmap0(v, c), c).float()
+
+
+def brute_force(x, rows, k, c):
+    """float64 exact neighbours of x[rows] among x (self excluded), ties by index."""
+    x64 = x.double()
+    q = x64[rows]
+    D = pb.pairwise_dist(q, x64, c)
+    # recompute exactly from explicit differences (pairwise_dist is already exact; keep it simple)
+    D[torch.arange(len(rows)), rows] = float("inf")
+    idx = np.broadcast_to(np.arange(x.shape[0]), D.shape)
+    order = np.lexsort((idx, D.numpy()), axis=1)[:, :k]
+    order = torch.from_numpy(order)
+    return D.gather(1, order), order
+
+
+def exact_dist(x, rows, idx, c):
+    q = x.double()[rows][:, None, :].expand(-1, idx.shape[1], -1)
+    return pb.dist(q, x.double()[idx], c)
+
+
+def timeit(fn, repeats=1):
+    best = float("inf")
+    out = None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def run_case(n, d, k, c, args):
+    import faiss
+
+    x = make_embeddings(n, d, c, seed=n)
+    print(f"\n## N={n}, D={d}, k={k}, c={c} (self-retrieval, query = reference)")
+    # faiss baseline on the same lifted vectors
+    X = pb.to_lorentz(x.double(), c)
+    Q = (X / X[:, :1]).clone()
+    Q[:, 0] = -1.0
+    Y32 = np.ascontiguousarray(X.float().numpy())
+    Q32 = np.ascontiguousarray(Q.float().numpy())
+
+    def faiss_flat():
+        index = faiss.IndexFlatIP(d + 1)
+        index.add(Y32)
+        return index.search(Q32, k + 1)
+
+    knn = HyperbolicKNN(c=c)
+    t_faiss, _ = timeit(faiss_flat, args.repeats)
+    t_ours, (dist, ind) = timeit(lambda: knn(x, k, x, True), args.repeats)
+    print(f"faiss IndexFlatIP (k+1)          : {t_faiss:8.2f} s")
+    print(f"HyperbolicKNN (exact, certified) : {t_ours:8.2f} s   ratio to faiss = {t_ours / t_faiss:.2f}x"
+          f"  (target <= 1.3x: {'MET' if t_ours <= 1.3 * t_faiss else 'NOT MET'})")
+
+    from pytorch_metric_learning.utils.inference import CustomKNN
+
+    m = min(n, args.custom_queries)
+    custom = CustomKNN(PoincareDistance(c=c), batch_size=args.custom_batch)
+    t_c, _ = timeit(lambda: custom(x[:m], k, x, False))
+    t_custom = t_c * n / m
+    label = "measured" if m == n else f"extrapolated from {m} queries x {n} references"
+    print(f"PML CustomKNN(PoincareDistance)  : {t_custom:8.2f} s ({label}); "
+          f"speed-up = {t_custom / t_ours:.1f}x  (target >= 5x: {'MET' if t_custom >= 5 * t_ours else 'NOT MET'})")
+
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(1))[: min(n, args.check_queries)]
+    bd, bi = brute_force(x, rows, k, c)
+    same = torch.equal(ind[rows], bi)
+    rel = ((dist[rows].double() - bd).abs() / bd.clamp_min(1e-12)).max().item()
+    print(f"vs float64 brute force on {len(rows)} queries: identical neighbour lists = {same}, "
+          f"max relative distance error = {rel:.2e}")
+    print(f"peak RSS so far: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+    if args.hnsw:
+        idx = HyperbolicIndex(c=c, kind="hnsw", ef_search=args.ef_search)
+        t_h, _ = timeit(lambda: idx.add(x))
+        t_s, (hd, hi) = timeit(lambda: idx.search(x[rows], k, query_ids=rows))
+        recall = np.mean([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(hi, bi)])
+        print(f"approximate HNSW (M=32, efSearch={max(args.ef_search, k)}): build {t_h:.2f} s, "
+              f"search {len(rows)} queries {t_s:.2f} s, recall@{k} vs exact = {recall:.4f}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--c", type=float, default=0.1)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--custom-queries", type=int, default=2000)
+    p.add_argument("--custom-batch", type=int, default=256)
+    p.add_argument("--check-queries", type=int, default=300)
+    p.add_argument("--hnsw", action="store_true")
+    p.add_argument("--ef-search", type=int, default=128)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    import faiss
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    print(f"# bench/knn.py  threads={args.threads}  torch {torch.__version__}  faiss {faiss.__version__}")
+    cases = [(8131, 8), (60000, 1000)] if not args.quick else [(2000, 8), (6000, 100)]
+    for n, k in cases:
+        run_case(n, args.dim, k, args.c, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+#!/usr/bin/env python
+"""Method comparison on real data: every method against PML's strong baselines (issue 7).
+
+    python bench/quality.py                 # full table: 3 seeds, 200 steps, all rows (~1 h on 2 cores)
+    python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (~5 min)
+    python bench/quality.py --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
+
+**What is held fixed** (printed in the header of every run):
+
+* Backbone: ``mobilenetv2_100`` with the offline ImageNet weights of
+  :func:`pml_hyperbolic.backbones.build_backbone` (``--backbone tf_efficientnet_lite0`` also works).
+* Trainable part: the last inverted-residual block + ``conv_head`` (320→1280) + the embedding head
+  (128-d); the rest of the backbone is frozen and every BatchNorm uses ImageNet statistics.
+  The frozen prefix's activations are computed once per image view (1 clean + 3 augmented views per
+  training image, drawn once with a fixed seed) and cached (``--cache-dir``); every method and seed
+  trains on the same bank (see ``bench/_quality_common.py``). This is what makes the table fit in an
+  hour on 2 CPU cores; it is not a precomputation of anything a method learns.
+* Images 64 px; 200 steps × batch 128 (32 classes × 4, ``ClassBalancedBatchSampler``); AdamW
+  (lr 3e-4 tail / 3e-3 head, weight decay 0.01), gradient-norm clip 3; seeds 0, 1, 2.
+  ``--quick``: 100 steps, seed 0, a 2-view bank, and only the embedding head trains (on the frozen
+  backbone's pooled 1280-d features, computed once from the bank): a plumbing/smoke run, not the table.
+* No hyperparameter was tuned on the test classes: every method uses its paper's (or PML's)
+  defaults listed in the row label. ``bench/tau_sweep.py`` does its τ/c selection on a validation
+  split carved from the training classes.
+
+**Data.** The bundled glyph dataset under its hard protocol (160 held-out characters; queries in
+display fonts, gallery in serif/sans fonts) and, when Debian's ``dataset-fashion-mnist`` is
+installed (``/usr/share/datasets/fashion-mnist``), Fashion-MNIST with held-out classes 5-9; when it
+is not installed the script says so and skips it (it never installs anything).
+
+**Evaluation.** Held-out classes only. Spherical / Euclidean outputs: cosine kNN. Hyperbolic heads:
+the exact Poincaré kNN at the head's c (``RecallAtKAccuracyCalculator(c=...)``). Metrics:
+Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
+
+**Rows.** ``raw`` pretrained pooled features (no training) · ``supcon`` PML ``SupConLoss`` (cosine,
+τ = 0.1: the Sph- baseline) · ``ms`` PML ``MultiSimilarityLoss`` + ``MultiSimilarityMiner`` ·
+``hypvit`` Hyp-ViT pairwise CE (c = 0.1, τ = 0.2) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
+τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
+default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
+``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
+hierarchical log-ratio loss (labels never used: pseudo-labels from ``HierarchicalPseudoLabeler``,
+levels (100, 70, 40, 10), refreshed every 100 steps) · ``unsup_kmeans`` its baseline with the same
+budget (k-means k = 100 pseudo-labels + PML ``TripletMarginLoss``) · ``hcl`` HCL on scenes composed
+from the training glyphs (``ComposedGlyphScenes`` of the training package; MoCo + 0.1 × hyperbolic
+scene→object loss, c = 0.05, T = 0.2), evaluated like the recipe: cosine kNN on the glyph protocol.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _quality_common as qc  # noqa: E402
+
+HYP_C = 0.1
+
+
+# --------------------------------------------------------------------------------------- rows
+
+
+class Row:
+    """One method: how to build its head and loss, how its embeddings are evaluated."""
+
+    def __init__(self, key, label, head="sph", eval_c=None, loss=None, miner=None, kind="supervised"):
+        self.key, self.label, self.head, self.eval_c = key, label, head, eval_c
+        self.make_loss, self.make_miner, self.kind = loss, miner, kind
+
+
+def _pml():
+    from pytorch_metric_learning import losses, miners
+
+    return losses, miners
+
+
+def _pcl():
+    from pml_hyperbolic import losses
+
+    return losses
+
+
+def _poincare(c=HYP_C):
+    from pml_hyperbolic.distances import PoincareDistance
+
+    return PoincareDistance(c=c)
+
+
+def build_rows():
+    L = _pcl
+    rows = [
+        Row("raw", "Pretrained features, no training (1280-d, cosine)", head=None, kind="raw"),
+        Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]",
+            loss=lambda n: _pml()[0].SupConLoss(temperature=0.1)),
+        Row("ms", "PML MultiSimilarityLoss + MultiSimilarityMiner (2, 50, 0.5; ε=0.1)",
+            loss=lambda n: _pml()[0].MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
+            miner=lambda: _pml()[1].MultiSimilarityMiner(epsilon=0.1)),
+        Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().PairwiseCrossEntropyLoss(temperature=0.2, distance=_poincare())),
+        Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)",
+            loss=lambda n: L().HypMixLoss(c=HYP_C, lam=3.0, tau_e=0.05, tau_h=0.2)),
+        Row("hypmix_learn", "HypMix, learnable λ (init 3)",
+            loss=lambda n: L().HypMixLoss(c=HYP_C, lam=3.0, tau_e=0.05, tau_h=0.2, learnable_lambda=True)),
+        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().UncertaintyAdaptiveContrastiveLoss(distance=_poincare())),
+        Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().UncertaintyAdaptiveContrastiveLoss(mode="literal", distance=_poincare())),
+        Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().UncertaintyAdaptiveTripletLoss(distance=_poincare())),
+        Row("uml_margin_lit", "Hyp-UML adaptive margin triplet (literal U)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().UncertaintyAdaptiveTripletLoss(mode="literal", distance=_poincare())),
+        Row("hier_margin", "Hierarchical margin contrastive (supervised, γ=0.1, c=0.1)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: L().HierarchicalMarginLoss(num_classes=n, gamma=0.1, distance=_poincare())),
+        Row("unsup_logratio", "Unsupervised: hier. pseudo-labels + log-ratio (Ω=10, c=0.1)", head="hyp",
+            eval_c=HYP_C, loss=lambda n: L().HierarchicalLogRatioLoss(omega=10.0, distance=_poincare()),
+            kind="unsup_hier"),
+        Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss",
+            loss=lambda n: _pml()[0].TripletMarginLoss(margin=0.1), kind="unsup_kmeans"),
+        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05)", kind="hcl"),
+    ]
+    return {r.key: r for r in rows}
+
+
+ROWS = build_rows()
+QUICK_ROWS = [k for k in ROWS if k != "hcl"]
+UNSUP_LEVELS = (100, 70, 40, 10)
+
+
+def make_head(kind, in_features, dim):
+    from pml_hyperbolic.heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead
+
+    if kind == "hyp":
+        return HyperbolicEmbeddingHead(in_features, dim, c=HYP_C)
+    return SphericalEmbeddingHead(in_features, dim)
+
+
+# ------------------------------------------------------------------------------- unsupervised
+
+
+def _hier_relabel(bank, seed):
+    from pml_hyperbolic.miners import HierarchicalPseudoLabeler
+
+    labeler = HierarchicalPseudoLabeler(levels=UNSUP_LEVELS, c=HYP_C, exact_max_samples=5000, seed=seed)
+    clean = bank.train.acts[:, 0]
+
+    def relabel(tail, head):
+        z = qc.embed(tail, head, clean)
+        levels = labeler.fit_predict(z)
+        return levels[:, 0], levels
+    return relabel
+
+
+def _kmeans_relabel(bank, seed, k=UNSUP_LEVELS[0]):
+    import faiss
+
+    clean = bank.train.acts[:, 0]
+
+    def relabel(tail, head):
+        z = torch.nn.functional.normalize(qc.embed(tail, head, clean), dim=1).numpy().astype(np.float32)
+        km = faiss.Kmeans(z.shape[1], k, niter=20, seed=seed, spherical=True, verbose=False)
+        km.cp.min_points_per_centroid = 1
+        km.train(z)
+        labels = torch.as_tensor(km.index.search(z, 1)[1][:, 0], dtype=torch.long)
+        return labels, labels
+    return relabel
+
+
+# ------------------------------------------------------------------------------------------ HCL
+
+
+def build_hcl_bank(cfg, bank, n_scenes, log=print):
+    """Prefix activations of (scene, object view 1, object view 2) for ``n_scenes`` composed scenes."""
+    from pml_hyperbolic.data import GlyphDataset
+    from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes
+
+    path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}")
+    if os.path.isfile(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    prefix, _, _ = qc.split_backbone(cfg.backbone, cfg.image_size)
+    scenes = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=n_scenes, image_size=cfg.image_size, seed=0)
+    log(f"[bank] HCL: {n_scenes} composed scenes x (scene + 2 object views) through the frozen prefix ...")
+    torch.manual_seed(2024)
+    out = {"scene": [], "view_q": [], "view_k": []}
+    with torch.no_grad():
+        for start in range(0, n_scenes, 128):
+            items = [scenes[i] for i in range(start, min(n_scenes, start + 128))]
+            for j, key in enumerate(("scene", "view_q", "view_k")):
+                out[key].append(prefix(torch.stack([it[j] for it in items])))
+    out = {k: torch.cat(v) for k, v in out.items()}
+    os.makedirs(cfg.cache_dir, exist_ok=True)
+    torch.save(out, path)
+    return out
+
+
+def hcl_bank_for(cfg, bank, log=print):
+    """The HCL scene bank at the depth the run trains from (pooled when only the head trains)."""
+    out = build_hcl_bank(cfg, bank, cfg.hcl_scenes, log=log)
+    if cfg.trainable == "head":
+        _, tail, _ = qc.split_backbone(cfg.backbone, cfg.image_size)
+        out = {k: qc._through(tail, v) for k, v in out.items()}
+    return out
+
+
+def train_hcl(cfg, bank, hcl_bank, seed, steps, log=print):
+    """HCL (Ge et al.) as its authors implemented it, on the bank: MoCo on two object views + 0.1 ×
+    hyperbolic CE (scene query → contained-object key, c = 0.05, T = 0.2, no clipping), queues of
+    momentum-encoder keys (helper-E's ``KeyQueue``), momentum 0.99 (short schedule)."""
+    from pytorch_metric_learning.losses import NTXentLoss
+
+    from pml_hyperbolic import poincare_ball as pb
+    from pml_hyperbolic.distances import PoincareDistance
+    from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
+    from pml_hyperbolic.training.hcl_trainer import KeyQueue
+
+    d, c, momentum = cfg.embedding_dim, 0.05, 0.99
+    tail = qc.fresh_tail(bank)
+    head = torch.nn.Sequential(torch.nn.Linear(bank.feature_dim, d))
+    key_tail, key_head = copy.deepcopy(tail).requires_grad_(False), copy.deepcopy(head).requires_grad_(False)
+    moco = KeyQueue(NTXentLoss(temperature=0.2), d, memory_size=cfg.hcl_queue)
+    hyp = KeyQueue(PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=c)), d,
+                   memory_size=cfg.hcl_queue)
+    opt = qc.make_optimizer(cfg, tail, head, torch.nn.Module())
+    params = [p for g in opt.param_groups for p in g["params"]]
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    n = len(hcl_bank["scene"])
+    c_t = torch.tensor(c)
+    for step in range(steps):
+        idx = torch.randperm(n, generator=gen)[:cfg.batch_size]
+        b = len(idx)
+        q = head(tail(hcl_bank["view_q"][idx]))
+        s = head(tail(hcl_bank["scene"][idx]))
+        with torch.no_grad():
+            k = key_head(key_tail(hcl_bank["view_k"][idx]))
+        ids = torch.arange(b) + step * b  # unique per (query, key) pair: the queue holds only negatives
+        labels = torch.cat([ids, ids])
+        mask = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(b, dtype=torch.bool)])
+        loss = moco(torch.nn.functional.normalize(torch.cat([q, k]), dim=1), labels, enqueue_mask=mask)
+        ball = pb.project(pb.expmap0(torch.cat([s, k]), c_t), c_t)
+        loss = loss + 0.1 * hyp(ball, labels, enqueue_mask=mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        with torch.no_grad():
+            for km, qm in ((key_tail, tail), (key_head, head)):
+                for pk, pq in zip(km.parameters(), qm.parameters()):
+                    pk.mul_(momentum).add_(pq.detach(), alpha=1 - momentum)
+    return tail, head
+
+
+# ------------------------------------------------------------------------------------- running
+
+
+def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
+    """Train one row with one seed; return its metrics on the held-out classes (+ extras)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    extra = {}
+    if row.kind == "raw":
+        return qc.evaluate(bank.tail, None, bank.query, bank.gallery, c=None), extra
+    if row.kind == "hcl":
+        if hcl_bank is None:
+            raise RuntimeError("HCL needs its scene bank")
+        tail, head = train_hcl(cfg, bank, hcl_bank, seed, cfg.steps, log=log)
+        return qc.evaluate(tail, head, bank.query, bank.gallery, c=None), extra
+    tail = qc.fresh_tail(bank)
+    head = make_head(row.head, bank.feature_dim, cfg.embedding_dim)
+    loss = row.make_loss(bank.num_train_classes)
+    miner = row.make_miner() if row.make_miner else None
+    relabel = None
+    if row.kind == "unsup_hier":
+        relabel = _hier_relabel(bank, seed)
+    elif row.kind == "unsup_kmeans":
+        relabel = _kmeans_relabel(bank, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the literal Hyp-UML mode warns on every call, by design
+        qc.train_with_labels(cfg, bank.train, tail, head, loss, miner=miner, seed=seed, relabel=relabel)
+    lam = getattr(getattr(loss, "distance", None), "lam", None)
+    if row.key == "hypmix_learn" and lam is not None:
+        extra["final_lambda"] = float(lam.detach().reshape(-1)[0])
+    return qc.evaluate(tail, head, bank.query, bank.gallery, c=row.eval_c), extra
+
+
+def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True):
+    """Run every (dataset, row, seed); returns the results dict (also what ``--out`` writes)."""
+    results = {"config": qc.config_dict(cfg), "datasets": {}, "notes": []}
+    for name in datasets:
+        if name == "fashion-mnist" and qc.find_fashion_mnist(fashion_root) is None:
+            msg = ("Fashion-MNIST skipped: Debian's dataset-fashion-mnist is not installed "
+                   "(apt-get install dataset-fashion-mnist, or --fashion-root DIR with the idx files)")
+            log(msg)
+            results["notes"].append(msg)
+            continue
+        t0 = time.perf_counter()
+        bank = qc.build_bank(cfg, name, fashion_root=fashion_root, use_cache=use_cache, log=log)
+        if cfg.trainable == "head":
+            bank = qc.pooled_bank(bank, cfg, use_cache=use_cache)
+        log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
+            f"(build took {bank.build_seconds:.0f} s; this run {time.perf_counter() - t0:.0f} s). {bank.note}")
+        hcl_bank = None
+        ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
+        for key in rows:
+            row = ROWS[key]
+            if row.kind == "hcl":
+                if name != "glyphs":
+                    ds["rows"][key] = {"label": row.label, "skipped": "HCL scenes are composed from glyphs only"}
+                    continue
+                try:
+                    from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes  # noqa: F401
+                except ImportError as err:
+                    ds["rows"][key] = {"label": row.label, "skipped": f"scene composer not available ({err})"}
+                    continue
+                hcl_bank = hcl_bank or hcl_bank_for(cfg, bank, log=log)
+            per_seed, extras, t_row = [], [], time.perf_counter()
+            seeds = [cfg.seeds[0]] if row.kind == "raw" else list(cfg.seeds)
+            for seed in seeds:
+                ts = time.perf_counter()
+                metrics, extra = run_row(row, cfg, bank, seed, hcl_bank=hcl_bank, log=log)
+                per_seed.append(metrics)
+                extras.append(extra)
+                log(f"  {name:13s} {key:15s} seed {seed}: R@1 {100 * metrics['recall_at_1']:5.1f}  "
+                    f"MAP@R {100 * metrics['mean_average_precision_at_r']:5.1f}  ({time.perf_counter() - ts:.0f} s)"
+                    + (f"  {extra}" if extra else ""))
+            ds["rows"][key] = {"label": row.label, "per_seed": per_seed, "seeds": seeds, "extras": extras,
+                               "seconds": time.perf_counter() - t_row}
+        results["datasets"][name] = ds
+    return results
+
+
+def markdown_table(results):
+    lines = []
+    for name, ds in results["datasets"].items():
+        lines.append(f"\n**{name}** — {ds['note']}\n")
+        lines.append("| method | " + " | ".join(qc.METRIC_NAMES[k] for k in qc.METRIC_KEYS) + " | s/seed |")
+        lines.append("|---|" + "---:|" * (len(qc.METRIC_KEYS) + 1))
+        for key, r in ds["rows"].items():
+            if "skipped" in r:
+                lines.append(f"| {r['label']} | " + " | ".join("—" for _ in qc.METRIC_KEYS) + f" | {r['skipped']} |")
+                continue
+            cells = [qc.fmt_cell([m[k] for m in r["per_seed"]]) for k in qc.METRIC_KEYS]
+            label = r["label"]
+            lams = [e["final_lambda"] for e in r["extras"] if "final_lambda" in e]
+            if lams:
+                label += f" (final λ {np.mean(lams):.2f})"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {r['seconds'] / len(r['seeds']):.0f} |")
+    for note in results["notes"]:
+        lines.append(f"\nNote: {note}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed, 100 steps, 2-view bank, head-only training, all rows but HCL (~5 min).")
+    p.add_argument("--rows", default=None, help=f"comma-separated subset of {list(ROWS)}")
+    p.add_argument("--datasets", default="glyphs,fashion-mnist",
+                   help="comma-separated: glyphs, fashion-mnist (skipped with a note when not installed)")
+    p.add_argument("--fashion-root", default=None, help="folder with the Fashion-MNIST idx files")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--views", type=int, default=None, help="bank views per training image (1 clean + rest augmented)")
+    p.add_argument("--backbone", default=None, help="mobilenetv2_100 (default) or tf_efficientnet_lite0")
+    p.add_argument("--trainable", choices=("tail", "head"), default=None,
+                   help="tail: last block + conv_head + head (default); head: embedding head only (--quick)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--no-cache", action="store_true", help="recompute the feature banks and do not store them")
+    p.add_argument("--out", default=None, help="write all per-seed results as JSON")
+    return p.parse_args(argv)
+
+
+def config_from_args(a):
+    cfg = qc.BenchConfig()
+    if a.quick:
+        cfg.steps, cfg.seeds, cfg.views, cfg.recluster_every, cfg.hcl_scenes = 100, (0,), 2, 50, 512
+        cfg.trainable = "head"
+    for name, attr in (("steps", "steps"), ("batch_size", "batch_size"), ("image_size", "image_size"),
+                       ("views", "views"), ("backbone", "backbone"), ("trainable", "trainable"), ("threads", "threads"),
+                       ("cache_dir", "cache_dir")):
+        if getattr(a, name) is not None:
+            setattr(cfg, attr, getattr(a, name))
+    if a.seeds is not None:
+        cfg.seeds = tuple(int(s) for s in a.seeds.split(","))
+    return cfg
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    cfg = config_from_args(a)
+    qc.set_threads(cfg.threads)
+    rows = a.rows.split(",") if a.rows else (QUICK_ROWS if a.quick else list(ROWS))
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    t0 = time.perf_counter()
+    print(f"# bench/quality.py {'--quick ' if a.quick else ''}(pml-hyperbolic issue 7)")
+    print(f"budget: {cfg.describe()}")
+    print(f"machine: {qc.machine_line()}")
+    print(f"rows: {rows}")
+    results = run_table(cfg, rows, datasets, fashion_root=a.fashion_root, use_cache=not a.no_cache)
+    wall = time.perf_counter() - t0
+    results["wall_seconds"] = wall
+    print(markdown_table(results))
+    print(f"\nRecall@K / MAP@R in % on held-out classes (mean ± std over {len(cfg.seeds)} seed(s)); "
+          f"hyperbolic heads: exact Poincaré kNN at c={HYP_C}; others: cosine. "
+          f"Total wall time {wall:.0f} s; {qc.machine_line()}.")
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+        print(f"results written to {a.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

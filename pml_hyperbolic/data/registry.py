@@ -1,0 +1,101 @@
+"""``build_dataset`` / ``find_dataset_root``: one entry point for every dataset, local folders only."""
+
+import os
+
+from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
+from .glyphs import BUNDLED_GLYPHS_PATH, GlyphDataset
+from .image_list import missing_dataset_error
+
+DATASET_CLASSES = {
+    "cars196": Cars196Dataset,
+    "cub200": CUB200Dataset,
+    "sop": OnlineProductsDataset,
+    "inshop": InShopDataset,
+    "glyphs": GlyphDataset,
+}
+
+# Environment variables: a dataset-specific one wins over the shared data folder.
+ROOT_ENVIRONMENT_VARIABLES = {
+    "cars196": "PML_HYPERBOLIC_CARS196",
+    "cub200": "PML_HYPERBOLIC_CUB200",
+    "sop": "PML_HYPERBOLIC_SOP",
+    "inshop": "PML_HYPERBOLIC_INSHOP",
+    "glyphs": "PML_HYPERBOLIC_GLYPHS",
+}
+SHARED_DATA_VARIABLE = "PML_HYPERBOLIC_DATA"
+
+# Folder names looked for inside $PML_HYPERBOLIC_DATA.
+CONVENTIONAL_FOLDER_NAMES = {
+    "cars196": ("cars196", "Cars196", "CARS196", "stanford_cars", "cars"),
+    "cub200": ("cub200", "CUB_200_2011", "cub", "CUB", "cub_200_2011"),
+    "sop": ("sop", "SOP", "Stanford_Online_Products", "online_products"),
+    "inshop": ("inshop", "InShop", "in_shop", "In-shop Clothes Retrieval Benchmark", "deepfashion_inshop"),
+    "glyphs": ("glyphs",),
+}
+
+
+def _check_name(name):
+    key = str(name).lower().replace("-", "").replace("_", "")
+    aliases = {"cars": "cars196", "cub": "cub200", "cub2002011": "cub200", "onlineproducts": "sop",
+               "stanfordonlineproducts": "sop", "cjkglyphs": "glyphs"}
+    key = aliases.get(key, key)
+    if key not in DATASET_CLASSES:
+        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASET_CLASSES)}")
+    return key
+
+
+def _is_valid_root(name, root):
+    if root is None:
+        return False
+    root = os.path.expanduser(str(root))
+    if name == "glyphs":
+        path = os.path.join(root, "cjk_glyphs.npz") if os.path.isdir(root) else root
+        return os.path.isfile(path)
+    return DATASET_CLASSES[name].detect_layout(root) is not None
+
+
+def find_dataset_root(name, root=None):
+    """Return a folder holding dataset ``name`` in a supported layout, or ``None``.
+
+    Looks, in order, at: the explicit ``root``; the dataset's own environment
+    variable (``PML_HYPERBOLIC_CARS196``, ``..._CUB200``, ``..._SOP``,
+    ``..._INSHOP``); ``$PML_HYPERBOLIC_DATA`` itself and its conventionally named
+    sub-folders (e.g. ``$PML_HYPERBOLIC_DATA/cars196``). For ``"glyphs"`` the
+    bundled array file's folder is the final fallback, so it is always found.
+    Used by the recipes' ``--dataset auto``.
+    """
+    name = _check_name(name)
+    candidates = [root, os.environ.get(ROOT_ENVIRONMENT_VARIABLES[name])]
+    shared = os.environ.get(SHARED_DATA_VARIABLE)
+    if shared:
+        candidates.append(shared)
+        candidates.extend(os.path.join(shared, folder) for folder in CONVENTIONAL_FOLDER_NAMES[name])
+    if name == "glyphs":
+        candidates.append(os.path.dirname(BUNDLED_GLYPHS_PATH))
+    for candidate in candidates:
+        if candidate and _is_valid_root(name, candidate):
+            return os.path.expanduser(str(candidate))
+    return None
+
+
+def build_dataset(name, split, root=None, transform=None, **dataset_kwargs):
+    """Instantiate dataset ``name`` ("cars196", "cub200", "sop", "inshop", "glyphs") for ``split``.
+
+    Splits: "train" / "test" for all; "query" / "gallery" also for "inshop" and
+    "glyphs". ``root`` is resolved with :func:`find_dataset_root`; when nothing
+    is found a :class:`DatasetNotFoundError` (a ``FileNotFoundError``) names the
+    expected layouts and where to get the data. Nothing is ever downloaded.
+    """
+    name = _check_name(name)
+    cls = DATASET_CLASSES[name]
+    if split not in cls.SPLITS:
+        raise ValueError(f"{name} has splits {cls.SPLITS}, got {split!r}")
+    resolved = find_dataset_root(name, root)
+    if name == "glyphs":
+        return GlyphDataset(split=split, transform=transform, root=resolved, **dataset_kwargs)
+    if resolved is None:
+        where = root if root is not None else (
+            f"${ROOT_ENVIRONMENT_VARIABLES[name]} / ${SHARED_DATA_VARIABLE} (neither points at the data)"
+        )
+        raise missing_dataset_error(name, where, cls.LAYOUTS, cls.SOURCE)
+    return cls(resolved, split=split, transform=transform, **dataset_kwargs)

@@ -1,0 +1,201 @@
+r"""Gromov δ-hyperbolicity of a point set and the curvature it suggests (Hyp-ViT §2.3).
+
+For a finite metric space with base point :math:`w`, the Gromov product is
+
+.. math:: (x\cdot y)_w = \tfrac12\big(d(x,w) + d(y,w) - d(x,y)\big),
+
+and the space is δ-hyperbolic (four-point condition) with
+
+.. math:: \delta = \max_{x,y,z}\ \Big[\min\big((x\cdot y)_w, (y\cdot z)_w\big) - (x\cdot z)_w\Big]
+          = \max_{i,j}\ (G \otimes G - G)_{ij},
+
+where :math:`(G\otimes G)_{ij} = \max_k \min(G_{ik}, G_{kj})` is the (max, min) matrix product of
+the Gromov-product matrix G. Relative: :math:`\delta_{rel} = 2\delta/\operatorname{diam}`
+(0 for a tree, → 1 for very non-hyperbolic sets). Hyp-ViT suggests the ball curvature
+:math:`c = (0.144/\delta_{rel})^2`.
+
+Memory is O(n²): the (max, min) product is computed in (row-block × column-block) tiles of size
+``block_rows × block_cols × n``; never an n×n×n tensor. Because G and the product are symmetric,
+only tiles with ``j ≥ i`` are formed.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import poincare_ball as pb
+
+
+def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
+    if (embeddings is None) == (distances is None):
+        raise ValueError("give exactly one of embeddings or distances")
+    if distances is not None:
+        D = torch.as_tensor(np.asarray(distances) if not isinstance(distances, Tensor) else distances)
+        D = D.detach().to(torch.float64)
+        if D.dim() != 2 or D.shape[0] != D.shape[1]:
+            raise ValueError(f"distances must be a square matrix, got shape {tuple(D.shape)}")
+        if D.shape[0] == 0:
+            raise ValueError("distances is empty")
+        pb.check_finite(D, "distances")
+        return D
+    x = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
+    x = x.detach().to(torch.float64)
+    if x.dim() != 2:
+        raise ValueError(f"embeddings must be 2-D (N x D), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError("embeddings is empty")
+    pb.check_finite(x, "embeddings")
+    if metric == "euclidean":
+        sq = (x * x).sum(1)
+        D2 = (sq[:, None] + sq[None, :] - 2 * x @ x.T).clamp_min(0)
+        return D2.sqrt().fill_diagonal_(0)
+    if metric == "cosine":
+        xn = torch.nn.functional.normalize(x, dim=1)
+        return (1 - xn @ xn.T).clamp_min(0).fill_diagonal_(0)
+    if metric == "poincare":
+        if c is None:
+            raise ValueError("metric='poincare' needs the curvature c")
+        x = pb.project(x, c)
+        return pb.pairwise_dist(x, x, c).fill_diagonal_(0)
+    raise ValueError(f"metric must be 'euclidean', 'cosine' or 'poincare', got {metric!r}")
+
+
+def _delta_from_distances(D: Tensor, base: int, dtype, block_rows: int, block_cols: int) -> float:
+    n = D.shape[0]
+    if not 0 <= base < n:
+        raise ValueError(f"base must index a point (0 <= base < {n}), got {base}")
+    G64 = 0.5 * (D[base][:, None] + D[base][None, :] - D)
+    G = G64.to(dtype).contiguous()
+    best = -math.inf
+    buf = torch.empty((block_rows, block_cols, n), dtype=dtype)
+    for i0 in range(0, n, block_rows):
+        gi = G[i0 : i0 + block_rows, None, :]
+        ni = gi.shape[0]
+        # symmetric: tiles with j >= i cover every unordered pair
+        for j0 in range((i0 // block_cols) * block_cols, n, block_cols):
+            gj = G[None, j0 : j0 + block_cols, :]
+            nj = gj.shape[1]
+            tile = buf[:ni, :nj]
+            torch.minimum(gi, gj, out=tile)
+            v = float((tile.amax(dim=-1) - G[i0 : i0 + ni, j0 : j0 + nj]).max())
+            if v > best:
+                best = v
+    return max(best, 0.0)
+
+
+def gromov_delta(
+    embeddings=None,
+    *,
+    distances=None,
+    metric: str = "euclidean",
+    c: Optional[float] = None,
+    base: int = 0,
+    dtype: torch.dtype = torch.float64,
+    block_rows: int = 16,
+    block_cols: int = 64,
+) -> float:
+    r"""Gromov δ (absolute) of a point set, from Gromov products at point ``base``.
+
+    Args:
+        embeddings: (n × D) points, with ``metric`` "euclidean" (default, as Hyp-ViT on backbone
+            features), "cosine" (1 − cos) or "poincare" (needs ``c``); or
+        distances: a precomputed (n × n) distance matrix instead.
+        base: index of the base point w (Hyp-ViT: point 0).
+        dtype: dtype of the (max, min) product; float32 is ~2× faster, exact up to the rounding of
+            the Gromov products (relative 1e-7).
+    Returns:
+        δ ≥ 0 as a float. O(n²) memory, O(n³) time.
+    """
+    D = _distance_matrix(embeddings, distances, metric, c)
+    return _delta_from_distances(D, int(base), dtype, int(block_rows), int(block_cols))
+
+
+def relative_delta(
+    embeddings=None,
+    *,
+    distances=None,
+    metric: str = "euclidean",
+    c: Optional[float] = None,
+    base: int = 0,
+    n_samples: Optional[int] = None,
+    n_draws: int = 1,
+    seed: int = 0,
+    return_std: bool = False,
+    dtype: torch.dtype = torch.float64,
+):
+    r"""Relative δ: :math:`\delta_{rel} = 2\delta / \operatorname{diam}` (in [0, 1]).
+
+    With ``n_samples`` (and more points than that) the estimate is the mean over ``n_draws``
+    random subsets of ``n_samples`` points (seeded by ``seed``; base = each subset's first point),
+    as Hyp-ViT does on large sets; ``return_std=True`` returns ``(mean, std)``.
+    """
+    if n_draws < 1:
+        raise ValueError(f"n_draws must be >= 1, got {n_draws}")
+    if n_samples is not None and n_samples < 2:
+        raise ValueError(f"n_samples must be >= 2, got {n_samples}")
+    src = embeddings if embeddings is not None else distances
+    if src is None:
+        raise ValueError("give exactly one of embeddings or distances")
+    n = len(src)
+    if n == 0:
+        raise ValueError("cannot compute δ of an empty set")
+    if n_samples is None or n_samples >= n:
+        draws = [None]
+    else:
+        gen = torch.Generator().manual_seed(int(seed))
+        draws = [torch.randperm(n, generator=gen)[:n_samples] for _ in range(n_draws)]
+    values = []
+    for sel in draws:
+        if sel is None:
+            D = _distance_matrix(embeddings, distances, metric, c)
+            b = base
+        else:
+            if embeddings is not None:
+                e = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
+                D = _distance_matrix(e[sel], None, metric, c)
+            else:
+                D = _distance_matrix(None, torch.as_tensor(np.asarray(distances))[sel][:, sel], metric, c)
+            b = 0
+        diam = float(D.max())
+        if diam <= 0:
+            values.append(0.0)
+            continue
+        delta = _delta_from_distances(D, int(b), dtype, 16, 64)
+        values.append(2.0 * delta / diam)
+    mean = float(np.mean(values))
+    if return_std:
+        return mean, float(np.std(values))
+    return mean
+
+
+def suggest_curvature(
+    embeddings,
+    *,
+    metric: str = "euclidean",
+    n_samples: int = 2000,
+    n_draws: int = 5,
+    seed: int = 0,
+    max_curvature: float = 10.0,
+    min_curvature: float = 1e-4,
+    **kwargs,
+) -> float:
+    r"""Curvature suggested by Hyp-ViT: :math:`c = (0.144 / \delta_{rel})^2`, with δ_rel the mean
+    of :func:`relative_delta` over ``n_draws`` subsets of ``n_samples`` points (Hyp-ViT: raw
+    backbone features, Euclidean). Clamped to ``[min_curvature, max_curvature]`` (a tree-like set
+    has δ_rel ≈ 0 and would suggest c = ∞); a warning says when the clamp applied.
+    This is what the recipes' ``--curvature auto`` uses."""
+    if not (0 < min_curvature <= max_curvature):
+        raise ValueError("need 0 < min_curvature <= max_curvature")
+    d_rel = relative_delta(embeddings, metric=metric, n_samples=n_samples, n_draws=n_draws,
+                           seed=seed, **kwargs)
+    c = math.inf if d_rel <= 0 else (0.144 / d_rel) ** 2
+    if not (min_curvature <= c <= max_curvature):
+        warnings.warn(f"suggest_curvature: δ_rel = {d_rel:.4g} gives c = {c:.4g}; clamped to "
+                      f"[{min_curvature}, {max_curvature}]")
+        c = min(max(c, min_curvature), max_curvature)
+    return float(c)

@@ -1,0 +1,396 @@
+r"""Exact k-nearest-neighbour search under the Poincaré distance, on faiss.
+
+Why an inner-product search is exact
+------------------------------------
+Lift ball points to the hyperboloid, :math:`X = \text{to\_lorentz}(x, c)`. Then
+
+.. math:: d_c(x, y) = \tfrac{1}{\sqrt c}\operatorname{arcosh}(A),\qquad
+          A = -c\,\langle X, Y\rangle_L = c\,(X_0Y_0 - X_{1:}\cdot Y_{1:}) \ge 1,
+
+and arcosh is increasing, so for a fixed query the nearest references are those that
+*maximise* :math:`\langle X, Y\rangle_L = \langle Q, Y\rangle` with :math:`Q = (-X_0, X_{1:})`, a
+plain (Euclidean) inner product that faiss ``IndexFlatIP`` computes with BLAS. We divide Q by
+:math:`X_0 > 0` (this does not change the ranking of one query) so that :math:`|Q| \le \sqrt 2`.
+
+Why the float32 scores are re-checked
+-------------------------------------
+Near the boundary :math:`X_0` is large and the float32 score cancels catastrophically (the same
+happens to Euclidean L2 search for close pairs). Every score ``s`` faiss returns obeys the
+rigorous dot-product bound :math:`|\hat s - s| \le \gamma\,|Q|\,|Y_j|` with
+:math:`\gamma = (D + 3)\,u` (u = 2⁻²⁴; D+1 products summed plus the rounding of Q and Y to float32).
+From it each candidate gets an interval :math:`[A^-, A^+]` that surely holds its true A. Then
+
+1. candidates whose interval is wider than ``rtol`` (relative, in distance) are recomputed exactly
+   (float64, :func:`pml_hyperbolic.poincare_ball.dist`, from the ball coordinates);
+2. candidates whose interval overlaps a neighbour's interval in the sorted list (the order might be
+   wrong) are recomputed exactly too, until no two inexact intervals overlap;
+3. *certification*: no reference outside the ``k'`` candidates can beat the k-th one, because its
+   score is at most the last candidate's score, so its true A is at least
+   :math:`A_{floor} = -cX_0(\hat s_{k'} + \gamma|Q|\max_j|Y_j|)`; we need the k-th candidate's
+   :math:`A^+ < A_{floor}`. Queries that fail are searched again with ``k'`` doubled (ultimately
+   ``k' = N``, which is trivially complete).
+
+The result equals a float64 brute force (same tie rule) as a set and in order, with distances to
+``rtol`` relative (exactly recomputed ones to float64 rounding).
+
+Ties are broken by the smaller reference index (the result is sorted by ``(distance, index)``).
+Exact ties are only possible between exactly recomputed candidates (an inexact interval that
+touches another is recomputed), so the rule is applied to exact float64 values.
+
+Memory: queries are processed in batches of ``batch_size``; per batch O(batch_size · k') numbers,
+never O(N²).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import poincare_ball as pb
+
+try:  # faiss-cpu or faiss-gpu
+    import faiss
+except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
+    faiss = None
+
+_U32 = 2.0 ** -24
+
+
+def _as_2d_float_tensor(x, name: str) -> Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (N x D), got shape {tuple(x.shape)}")
+    if not torch.is_floating_point(x):
+        x = x.float()
+    pb.check_finite(x, name)
+    return x.detach()
+
+
+def _lift(x64: Tensor, c: float):
+    """float64 hyperboloid lift: returns (X0 (N,), X (N, D+1))."""
+    X = pb.to_lorentz(x64, c)
+    return X[:, 0], X
+
+
+class HyperbolicIndex:
+    r"""Standalone exact (or approximate) k-NN index for points of the Poincaré ball.
+
+    Args:
+        c: curvature magnitude (ball radius 1/√c).
+        kind: ``"flat"`` (exact, faiss ``IndexFlatIP`` on the Lorentz lift, certified as described
+            in the module docstring) or ``"hnsw"`` (approximate candidates from faiss
+            ``IndexHNSWFlat``; the candidates are then re-ranked by the exact distance; no
+            certification, so recall < 1 is possible).
+        rtol: relative accuracy of returned distances that are not recomputed exactly.
+        batch_size: queries per faiss search call (bounds memory to O(batch_size · k)).
+        margin: extra candidates fetched beyond k on the first try (default ``max(16, k // 16)``).
+        use_gpu: ``None`` = use faiss GPU if faiss has GPUs and the query is on CUDA.
+        hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
+            the number of candidates.
+        project: project inputs onto the ball first (points on/outside the ball have no distance).
+
+    Example:
+        >>> index = HyperbolicIndex(c=0.1)
+        >>> index.add(reference)
+        >>> distances, indices = index.search(query, k=10)
+    """
+
+    def __init__(
+        self,
+        c: float = 0.1,
+        kind: str = "flat",
+        rtol: float = 2e-6,
+        batch_size: int = 4096,
+        margin: Optional[int] = None,
+        use_gpu: Optional[bool] = None,
+        error_model: str = "typical",
+        hnsw_m: int = 32,
+        ef_search: int = 128,
+        project: bool = True,
+    ):
+        self.c = float(pb.as_curvature(c, torch.float64))
+        if kind not in ("flat", "hnsw"):
+            raise ValueError(f"kind must be 'flat' or 'hnsw', got {kind!r}")
+        if not (rtol > 0 and math.isfinite(rtol)):
+            raise ValueError(f"rtol must be > 0, got {rtol}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if margin is not None and int(margin) < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        if faiss is None:  # pragma: no cover
+            raise ImportError("HyperbolicIndex needs faiss (pip install faiss-cpu)")
+        self.kind = kind
+        if error_model not in ("typical", "rigorous"):
+            raise ValueError(f"error_model must be 'typical' or 'rigorous', got {error_model!r}")
+        self.error_model = error_model
+        self.rtol = float(rtol)
+        self.batch_size = int(batch_size)
+        self.margin = margin
+        self.use_gpu = use_gpu
+        self.hnsw_m = int(hnsw_m)
+        self.ef_search = int(ef_search)
+        self.project = project
+        self.reset()
+
+    # ------------------------------------------------------------------ building
+    def reset(self) -> None:
+        """Empty the index."""
+        self._ball = None  # float64 (N, D) reference ball coordinates (exact recomputation)
+        self._norms = None  # float64 (N,) |Y_j| of the float32 lifted vectors
+        self._index = None
+        self._dim = None
+
+    @property
+    def ntotal(self) -> int:
+        return 0 if self._ball is None else int(self._ball.shape[0])
+
+    def _prepare(self, x: Tensor, name: str) -> Tensor:
+        x = _as_2d_float_tensor(x, name).to(torch.float64)
+        if self.project:
+            x = pb.project(x, self.c, eps=pb.boundary_eps(torch.float32))
+        return x
+
+    def _new_faiss_index(self, dim: int):
+        if self.kind == "flat":
+            index = faiss.IndexFlatIP(dim)
+        else:
+            index = faiss.IndexHNSWFlat(dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        if self._want_gpu():  # pragma: no cover - no GPU in CI
+            index = faiss.index_cpu_to_all_gpus(index)
+        return index
+
+    def _want_gpu(self, on_cuda: bool = False) -> bool:
+        has = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+        if self.use_gpu is None:
+            return has and on_cuda and self.kind == "flat"
+        return bool(self.use_gpu) and has
+
+    def add(self, reference) -> "HyperbolicIndex":
+        """Add reference points (N × D ball coordinates), in batches."""
+        ref = self._prepare(reference, "reference")
+        if ref.shape[0] == 0:
+            raise ValueError("reference is empty: cannot add 0 points")
+        if self._dim is not None and ref.shape[1] != self._dim:
+            raise ValueError(
+                f"reference has dimension {ref.shape[1]} but the index holds dimension {self._dim}"
+            )
+        if self._index is None:
+            self._dim = ref.shape[1]
+            self._index = self._new_faiss_index(self._dim + 1)
+        ref = ref.cpu()
+        norms = []
+        for start in range(0, ref.shape[0], 65536):
+            _, Y = _lift(ref[start : start + 65536], self.c)
+            Y32 = Y.to(torch.float32)
+            norms.append(torch.linalg.vector_norm(Y32.double(), dim=1))
+            self._index.add(np.ascontiguousarray(Y32.numpy()))
+        norms = torch.cat(norms)
+        self._ball = ref if self._ball is None else torch.cat([self._ball, ref])
+        self._norms = norms if self._norms is None else torch.cat([self._norms, norms])
+        return self
+
+    # ------------------------------------------------------------------ search
+    def search(self, query, k: int, query_ids: Optional[Tensor] = None):
+        """k nearest references of every query, ascending Poincaré distance.
+
+        Args:
+            query: (M × D) ball points.
+            k: number of neighbours (1 ≤ k ≤ number of eligible references).
+            query_ids: optional (M,) reference index of each query to exclude from its own result
+                (self-retrieval); ``-1`` for "exclude nothing".
+
+        Returns:
+            ``(distances, indices)``: float32 (M × k) and int64 (M × k) tensors on the query's device.
+        """
+        if self._ball is None:
+            raise ValueError("the index is empty: call add(reference) before search")
+        device = query.device if isinstance(query, Tensor) else torch.device("cpu")
+        q = self._prepare(query, "query").cpu()
+        if q.shape[1] != self._dim:
+            raise ValueError(
+                f"query has dimension {q.shape[1]} but the reference has dimension {self._dim}"
+            )
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        k = int(k)
+        n = self.ntotal
+        excl = query_ids is not None
+        if excl:
+            query_ids = torch.as_tensor(query_ids, dtype=torch.int64).cpu().reshape(-1)
+            if query_ids.shape[0] != q.shape[0]:
+                raise ValueError("query_ids must have one entry per query")
+        if k + int(excl) > n:
+            raise ValueError(
+                f"k={k} is larger than the number of references available "
+                f"({n - int(excl)}{' after excluding the query itself' if excl else ''})"
+            )
+        m = q.shape[0]
+        out_d = torch.empty((m, k), dtype=torch.float32)
+        out_i = torch.empty((m, k), dtype=torch.int64)
+        for start in range(0, m, self.batch_size):
+            stop = min(m, start + self.batch_size)
+            ids = query_ids[start:stop] if excl else None
+            d, i = self._search_batch(q[start:stop], k, ids)
+            out_d[start:stop] = d
+            out_i[start:stop] = i
+        return out_d.to(device), out_i.to(device)
+
+    def _faiss_search(self, Q32: np.ndarray, kk: int):
+        if self.kind == "hnsw":
+            self._index.hnsw.efSearch = max(self.ef_search, kk)
+        s, i = self._index.search(Q32, kk)
+        return torch.from_numpy(s), torch.from_numpy(i)
+
+    def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor]):
+        n = self.ntotal
+        kk_needed = k + (1 if ids is not None else 0)
+        margin = self.margin if self.margin is not None else max(16, k // 16)
+        kk = min(n, kk_needed + margin)
+        X0, X = _lift(q, self.c)
+        Q = X / X0[:, None]
+        Q[:, 0] = -1.0
+        Q32 = Q.to(torch.float32)
+        qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
+        B = q.shape[0]
+        res_d = torch.empty((B, k), dtype=torch.float64)
+        res_i = torch.empty((B, k), dtype=torch.int64)
+        todo = torch.arange(B)
+        while todo.numel() > 0:
+            s, idx = self._faiss_search(np.ascontiguousarray(Q32[todo].numpy()), kk)
+            d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k,
+                                    None if ids is None else ids[todo], complete=(kk >= n))
+            res_d[todo[ok]] = d[ok]
+            res_i[todo[ok]] = i[ok]
+            todo = todo[~ok]
+            kk = min(n, 2 * kk)
+        return res_d.to(torch.float32), res_i
+
+    def _gamma(self) -> float:
+        d1 = self._dim + 1
+        if self.error_model == "rigorous":  # worst-case float32 dot product (Higham's γ_n)
+            return (d1 + 2) * _U32 * 1.01
+        # typical: rounding errors of a length-n float32 sum grow like sqrt(n) u; 8x margin
+        return 8.0 * math.sqrt(d1 + 2) * _U32
+
+    def _exact(self, q: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+        """float64 Poincaré distances of the (query row, reference index) pairs."""
+        out = torch.empty(rows.shape[0], dtype=torch.float64)
+        step = 1 << 18
+        for a in range(0, rows.shape[0], step):
+            r, cidx = rows[a : a + step], cols[a : a + step]
+            out[a : a + step] = pb.dist(q[r], self._ball[cidx], self.c)
+        return out
+
+    def _refine(self, q, X0, qnorm, s32, idx, k, ids, complete):
+        """Turn faiss candidates into the certified exact top-k (see module docstring).
+
+        Returns (distances (B×k) float64, indices (B×k), ok (B,)): rows with ``ok`` False could not
+        be certified with these candidates and must be searched again with more.
+        """
+        c = self.c
+        sqrt_c = math.sqrt(c)
+        s_last = s32[:, -1].double()  # every non-candidate scores <= this
+        if ids is not None:
+            s32, idx = _drop_self(s32, idx, ids)
+        B, kk = idx.shape
+        inf = math.inf
+        valid = idx >= 0  # HNSW may pad with -1
+        idx_safe = idx.clamp_min(0)
+        s = s32.double()
+        gamma = self._gamma()
+        err_s = gamma * qnorm[:, None] * self._norms[idx_safe]
+        cx0 = c * X0[:, None]
+        # A = -c X0 s is decreasing in s: interval that surely holds every candidate's true A
+        A_mid = (-cx0 * s).clamp_min(1.0)
+        lo = torch.where(valid, (-cx0 * (s + err_s)).clamp_min(1.0), inf)
+        hi = torch.where(valid, (-cx0 * (s - err_s)).clamp_min(1.0), inf)
+        d_mid = torch.acosh(A_mid) / sqrt_c
+        if self.kind == "hnsw":  # approximate: always re-rank by the true distance
+            exact = valid.clone()
+        else:
+            width = (torch.acosh(hi.clamp_max(1e300)) - torch.acosh(lo.clamp_max(1e300))) / sqrt_c
+            exact = (width > self.rtol * d_mid) & valid
+        done = torch.zeros_like(exact)
+        exact_d = torch.zeros_like(A_mid)
+        lim = min(k, kk)
+        pos = torch.arange(kk)
+        for _ in range(kk + 1):
+            new = exact & ~done
+            if new.any():
+                rows, cols = new.nonzero(as_tuple=True)
+                dd = self._exact(q, rows, idx_safe[rows, cols])
+                exact_d[rows, cols] = dd
+                a_ex = torch.cosh(sqrt_c * dd)
+                lo[rows, cols] = a_ex
+                hi[rows, cols] = a_ex
+                done |= new
+            # For each of the first k positions p, compare with every later position j: an
+            # inexact interval that reaches below p's upper end may be misordered -> recompute.
+            suf_all = _suffix_min(lo)[0]
+            suf_ne, arg_ne = _suffix_min(torch.where(done, inf, lo))
+            hi_w = hi[:, :lim]
+            flag_p = ~done[:, :lim] & (hi_w >= suf_all[:, 1 : lim + 1])
+            flag_j = (hi_w >= suf_ne[:, 1 : lim + 1]) & torch.isfinite(suf_ne[:, 1 : lim + 1])
+            flag_p &= torch.isfinite(hi_w)
+            if not (flag_p.any() or flag_j.any()):
+                break
+            exact[:, :lim] |= flag_p
+            r, p = flag_j.nonzero(as_tuple=True)
+            exact[r, arg_ne[r, p + 1]] = True
+            exact &= valid
+        key = torch.where(done, lo, A_mid)
+        key = torch.where(valid, key, inf)
+        dist_all = torch.where(done, exact_d, d_mid)
+        # Rows already in (distance, index) order in the first k, with nothing later at or below
+        # the k-th key, keep faiss' order; the others are sorted by (distance, index).
+        kw = key[:, :lim]
+        ordered = (kw[:, 1:] > kw[:, :-1]) | ((kw[:, 1:] == kw[:, :-1]) & (idx[:, 1:lim] > idx[:, : lim - 1]))
+        later_min = _suffix_min(key)[0][:, lim]
+        need_sort = ~ordered.all(dim=1) | (later_min <= kw[:, -1])
+        final = pos[:lim].expand(B, lim).clone()
+        if need_sort.any():
+            rr = need_sort.nonzero(as_tuple=True)[0]
+            by_idx = torch.argsort(torch.where(valid[rr], idx[rr], 1 << 62), dim=1)
+            order = torch.argsort(key[rr].gather(1, by_idx), dim=1, stable=True)
+            final[rr] = by_idx.gather(1, order)[:, :lim]
+        out_d = dist_all.gather(1, final)
+        out_i = idx.gather(1, final)
+        finite = torch.isfinite(out_d).all(dim=1) & (out_i >= 0).all(dim=1)
+        if complete or self.kind == "hnsw":
+            return out_d, out_i, torch.ones(B, dtype=torch.bool)
+        # certification: every non-candidate has true A >= A_floor > the k-th candidate's A
+        err_far = gamma * qnorm * float(self._norms.max())
+        a_floor = (-c * X0 * (s_last + err_far)).clamp_min(1.0)
+        kth_hi = hi.gather(1, final[:, -1:]).squeeze(1)
+        ok = (kth_hi < a_floor) & finite
+        return out_d, out_i, ok
+
+
+def _suffix_min(x: Tensor):
+    """Row-wise suffix minimum with a trailing +inf column: out[:, p] = min(x[:, p:]) and the
+    position of that minimum (the last one among equals)."""
+    B, n = x.shape
+    flipped = torch.flip(x, dims=[1])
+    vals, args = torch.cummin(flipped, dim=1)
+    vals = torch.flip(vals, dims=[1])
+    args = (n - 1) - torch.flip(args, dims=[1])
+    vals = torch.cat([vals, torch.full((B, 1), math.inf, dtype=x.dtype)], dim=1)
+    args = torch.cat([args, torch.full((B, 1), n - 1, dtype=args.dtype)], dim=1)
+    return vals, args
+
+
+def _drop_self(s: Tensor, idx: Tensor, ids: Tensor):
+    """Remove each row's own index (present at most once); rows without it lose their last
+    column instead, so that every row keeps kk - 1 candidates in score order."""
+    B, kk = idx.shape
+    is_self = idx == ids[:, None]
+    has = is_self.any(dim=1)
+    is_self[~has, kk - 1] = True
+    keep = ~is_self
+    return s[keep].view(B, kk - 1), idx[keep].view(B, kk - 1)

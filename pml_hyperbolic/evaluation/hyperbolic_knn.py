@@ -1,0 +1,48 @@
+"""PML ``knn_func`` returning exact Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
+from __future__ import annotations
+
+import torch
+
+from .hyperbolic_index import HyperbolicIndex
+
+
+class HyperbolicKNN:
+    r"""Exact k-NN under the Poincaré distance :math:`d_c`, with PML's ``knn_func`` interface.
+
+    ``knn(query, k, reference=None, ref_includes_query=False) -> (distances, indices)``, both
+    ``len(query) × k``, ascending distance (ties: smaller reference index first), on the query's
+    device. With ``ref_includes_query=True`` (PML's convention: ``reference[:len(query)]`` is the
+    query) query i never gets reference i as a neighbour. Plug into PML with
+    ``AccuracyCalculator(knn_func=HyperbolicKNN(c=0.1))``.
+
+    Args:
+        c: curvature magnitude.
+        **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
+            index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
+    """
+
+    def __init__(self, c: float = 0.1, **index_kwargs):
+        self.index_kwargs = dict(index_kwargs)
+        # build one index now so that bad arguments fail here, not at the first evaluation
+        self.c = HyperbolicIndex(c=c, **self.index_kwargs).c
+
+    def __call__(self, query, k, reference=None, ref_includes_query=False):
+        if reference is None:
+            reference = query
+            ref_includes_query = True if ref_includes_query is None else ref_includes_query
+        if query.dim() != 2 or reference.dim() != 2:
+            raise ValueError("query and reference must be 2-D (N x D)")
+        if query.shape[1] != reference.shape[1]:
+            raise ValueError(
+                f"query has dimension {query.shape[1]} but reference has dimension {reference.shape[1]}"
+            )
+        if query.shape[0] == 0 or reference.shape[0] == 0:
+            raise ValueError("query and reference must be non-empty")
+        index = HyperbolicIndex(c=self.c, **self.index_kwargs)
+        index.add(reference)
+        query_ids = None
+        if ref_includes_query:
+            if query.shape[0] > reference.shape[0]:
+                raise ValueError("ref_includes_query=True needs len(query) <= len(reference)")
+            query_ids = torch.arange(query.shape[0])
+        return index.search(query, k, query_ids=query_ids)

@@ -1,0 +1,109 @@
+"""Recall@K on PML's :class:`AccuracyCalculator`."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+from pytorch_metric_learning.utils.accuracy_calculator import (
+    AccuracyCalculator,
+    maybe_get_avg_of_avgs,
+    nan_accuracy,
+    try_getting_not_lone_labels,
+)
+
+from .hyperbolic_knn import HyperbolicKNN
+
+_R_METRICS = ("r_precision", "mean_average_precision_at_r")
+
+
+class RecallAtKAccuracyCalculator(AccuracyCalculator):
+    r"""PML ``AccuracyCalculator`` that also reports deep-metric-learning Recall@K.
+
+    .. math:: \text{Recall@}K = \frac{1}{|Q|}\sum_{q \in Q}
+              \mathbb{1}\big[\exists\, j \in \text{NN}_K(q):\ y_j = y_q\big]
+
+    the fraction of queries with at least one same-class reference among their K nearest
+    neighbours (the query itself excluded when the query set is the reference set). Metric keys are
+    ``"recall_at_1"``, ``"recall_at_2"``, ... one per K, next to PML's own metrics
+    (``precision_at_1``, ``mean_average_precision_at_r``, ``r_precision``, ``NMI``, ``AMI`` ...);
+    ``include``/``exclude`` accept the ``recall_at_K`` names.
+
+    Conventions (the same as PML's ``precision_at_1``, so ``recall_at_1 == precision_at_1``):
+    queries whose class has no other member in the reference set ("lone" queries) are left out;
+    ``avg_of_avgs`` / ``return_per_class`` work as in PML. Neighbours come from ``knn_func``;
+    with ``c`` given that is :class:`HyperbolicKNN` (exact Poincaré distance, ties broken by the
+    smaller reference index), otherwise PML's default (faiss L2) unless you pass ``knn_func``.
+
+    Usual K: CUB/Cars 1, 2, 4, 8 (default); SOP 1, 10, 100, 1000; In-Shop 1, 10, 20, 30 with
+    ``get_accuracy(query, query_labels, gallery, gallery_labels)``.
+
+    Args:
+        k_values: the K of Recall@K (positive ints).
+        c: curvature of the Poincaré ball the embeddings live in; ``None`` = Euclidean (PML default).
+        k: as in PML. If ``None`` (default), this class fetches only as many neighbours as needed:
+            ``max(k_values)``, or PML's ``max_bin_count`` when R-precision / MAP@R are computed
+            (PML's own default would fetch *every* reference). ``mean_average_precision`` is then
+            MAP over those neighbours.
+        **kwargs: PML ``AccuracyCalculator`` arguments (include, exclude, avg_of_avgs, knn_func...).
+    """
+
+    def __init__(self, k_values: Iterable[int] = (1, 2, 4, 8), c: Optional[float] = None,
+                 k=None, **kwargs):
+        k_values = tuple(k_values) if not isinstance(k_values, int) else (k_values,)
+        if len(k_values) == 0:
+            raise ValueError("k_values must contain at least one K")
+        for kv in k_values:
+            if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
+                raise ValueError(f"k_values must be positive integers, got {k_values!r}")
+        self.k_values = tuple(sorted(set(k_values)))
+        self.c = c
+        if c is not None and kwargs.get("knn_func") is None:
+            kwargs["knn_func"] = HyperbolicKNN(c=c)
+        # one bound method per K, so that PML discovers "recall_at_K" as ordinary metrics
+        for kv in self.k_values:
+            setattr(self, f"calculate_recall_at_{kv}", self._make_recall_fn(kv))
+        self._auto_k = k is None
+        super().__init__(k=k, **kwargs)
+
+    def _make_recall_fn(self, K):
+        def calculate(knn_labels, query_labels, not_lone_query_mask, label_counts, **kwargs):
+            return self._recall_at_k(knn_labels, query_labels, not_lone_query_mask, label_counts, K)
+
+        calculate.__name__ = f"calculate_recall_at_{K}"
+        return calculate
+
+    def requires_knn(self):
+        return super().requires_knn() + ["mean_reciprocal_rank"] + [
+            f"recall_at_{kv}" for kv in self.k_values
+        ]
+
+    def _recall_at_k(self, knn_labels, query_labels, not_lone_query_mask, label_counts, K):
+        if K > knn_labels.shape[1]:
+            raise ValueError(
+                f"k_values contains K={K} but only {knn_labels.shape[1]} neighbours were retrieved"
+            )
+        knn_labels, query_labels = try_getting_not_lone_labels(
+            knn_labels, query_labels, not_lone_query_mask
+        )
+        if knn_labels is None:
+            return nan_accuracy(label_counts[0], self.return_per_class)
+        same = self.label_comparison_fn(query_labels[:, None], knn_labels[:, :K])
+        hit = same.reshape(same.shape[0], -1).any(dim=1).to(torch.float64)
+        return maybe_get_avg_of_avgs(hit, query_labels, self.avg_of_avgs, self.return_per_class)
+
+    def determine_k(self, bin_counts, num_reference_embeddings, ref_includes_query):
+        available = num_reference_embeddings - int(ref_includes_query)
+        wanted_recall = [
+            kv for kv in self.k_values if f"recall_at_{kv}" in self.get_curr_metrics()
+        ]
+        if wanted_recall and max(wanted_recall) > available:
+            raise ValueError(
+                f"k_values contains K={max(wanted_recall)} but there are only {available} "
+                "references to retrieve (query itself excluded)"
+            )
+        if not self._auto_k:
+            return super().determine_k(bin_counts, num_reference_embeddings, ref_includes_query)
+        need = max(wanted_recall) if wanted_recall else 1
+        if set(self.get_curr_metrics()) & set(_R_METRICS):
+            need = max(need, int(torch.max(bin_counts).item()) - int(ref_includes_query))
+        return max(1, min(need, available))

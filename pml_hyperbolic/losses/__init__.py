@@ -1,0 +1,18 @@
+"""Hyperbolic metric-learning losses as PML ``BaseMetricLossFunction`` subclasses."""
+from .cross_batch_memory import HyperbolicCrossBatchMemory
+from .hierarchical_log_ratio_loss import HierarchicalLogRatioLoss
+from .hierarchical_margin_loss import HierarchicalMarginLoss
+from .hyp_mix_loss import HypMixLoss
+from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
+from .uncertainty_adaptive_contrastive_loss import UncertaintyAdaptiveContrastiveLoss
+from .uncertainty_adaptive_triplet_loss import UncertaintyAdaptiveTripletLoss
+
+__all__ = [
+    "PairwiseCrossEntropyLoss",
+    "HypMixLoss",
+    "UncertaintyAdaptiveContrastiveLoss",
+    "UncertaintyAdaptiveTripletLoss",
+    "HierarchicalLogRatioLoss",
+    "HierarchicalMarginLoss",
+    "HyperbolicCrossBatchMemory",
+]

@@ -1,0 +1,69 @@
+"""Private helpers shared by the losses (argument checks, pair masks, dtype handling)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
+
+
+def check_positive(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
+    return v
+
+
+def check_nonnegative(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
+    return v
+
+
+def as_compute(mat: torch.Tensor) -> torch.Tensor:
+    """Half-precision distance matrices are upcast: exp/log of logits in fp16 overflow."""
+    return mat.float() if mat.dtype in (torch.float16, torch.bfloat16) else mat
+
+
+def check_labels(labels, n: int, name: str = "labels") -> None:
+    if labels is not None and (labels.ndim != 1 or labels.shape[0] != n):
+        raise ValueError(f"{name} must be a 1-D tensor of length {n}, got shape {tuple(labels.shape)}")
+
+
+def pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    """Boolean (B, R) masks of positive and negative pairs, PML style.
+
+    Without ``indices_tuple``: label equality, the diagonal excluded when ``ref_emb`` is the batch
+    itself. With a PML pair (4-) or triplet (3-) tuple: exactly the pairs it names.
+    """
+    B, R = embeddings.shape[0], ref_emb.shape[0]
+    dev = embeddings.device
+    if indices_tuple is None:
+        if labels is None:
+            raise ValueError("labels or indices_tuple is required")
+        check_labels(labels, B, "labels")
+        check_labels(ref_labels, R, "ref_labels")
+        pos = labels.view(-1, 1) == ref_labels.view(1, -1)
+        neg = ~pos
+        if ref_emb is embeddings:
+            pos.fill_diagonal_(False)
+        return pos, neg
+    a1, p, a2, n = lmu.convert_to_pairs(indices_tuple, labels, ref_labels)
+    pos = torch.zeros(B, R, dtype=torch.bool, device=dev)
+    neg = torch.zeros(B, R, dtype=torch.bool, device=dev)
+    pos[a1.to(dev), p.to(dev)] = True
+    neg[a2.to(dev), n.to(dev)] = True
+    return pos, neg
+
+
+def similarity_logits(mat: torch.Tensor, is_inverted: bool) -> torch.Tensor:
+    """Larger = more similar: −D for distances, the similarity itself for inverted distances."""
+    mat = as_compute(mat)
+    return mat if is_inverted else -mat

@@ -1,0 +1,28 @@
+"""PML's CrossBatchMemory, accepting this package's losses."""
+from __future__ import annotations
+
+from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
+
+_OUR_LOSSES = [
+    "PairwiseCrossEntropyLoss",
+    "HypMixLoss",
+    "UncertaintyAdaptiveContrastiveLoss",
+    "UncertaintyAdaptiveTripletLoss",
+    "HierarchicalLogRatioLoss",
+    "HierarchicalMarginLoss",
+]
+
+
+class HyperbolicCrossBatchMemory(_PMLCrossBatchMemory):
+    """PML ``CrossBatchMemory`` (XBM) whose whitelist also holds this package's losses.
+
+    PML 2.x refuses any loss whose class name is not in a hard-coded list; this subclass only
+    extends that list, behaviour is PML's (the batch is scored against the memory through
+    ``indices_tuple`` pairs, self-pairs excluded). It is a ``CrossBatchMemory``, so PML's
+    ``DistributedLossWrapper`` handles it as one. ``HierarchicalLogRatioLoss`` is supported with
+    1-D labels only (the memory stores 1-D labels).
+    """
+
+    @staticmethod
+    def supported_losses():
+        return _PMLCrossBatchMemory.supported_losses() + _OUR_LOSSES

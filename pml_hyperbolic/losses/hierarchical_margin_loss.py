@@ -1,0 +1,131 @@
+"""Hierarchical-margin contrastive loss (supervised extension of Yan et al., CVPR 2021, Sec. 3.5)."""
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.reducers import AvgNonZeroReducer
+
+from ..distances import PoincareDistance
+from ._common import as_compute, check_nonnegative, pair_masks
+
+
+class HierarchicalMarginLoss(BaseMetricLossFunction):
+    r"""Contrastive loss with per-class-pair margins from running class-mean distances.
+
+    With :math:`d_{ab}` the mean distance between samples of classes a and b (Eq. (6)) and
+    :math:`d_a` the mean distance between distinct samples of class a (Eq. (7)):
+
+    .. math::
+        M_p(a) = d_a + \gamma, \qquad M_n(a, b) = d_{ab} - d_a + \gamma \quad \text{(Eq. (8), (9))}
+
+        \mathcal{L} = \operatorname{red}_{(i,j) \in P}[D_{ij} - M_p(y_i)]_+
+            + \operatorname{red}_{(i,l) \in N}[M_n(y_i, y_l) - D_{il}]_+
+
+    The paper says the margins "can be integrated into any metric loss"; we integrate them into the
+    contrastive (pair) loss — PML ``ContrastiveLoss``'s form, with sub-losses ``pos_loss`` and
+    ``neg_loss`` and the same default ``AvgNonZeroReducer``.
+
+    **Running estimates.** Buffers ``intra_mean`` (C,) and ``inter_mean`` (C, C) (with ``*_seen``
+    flags) hold exponential moving averages. Each training-mode forward computes the batch's
+    class-pair means from the *detached* distance matrix (pairs between ``embeddings`` and
+    ``ref_emb``; self-pairs excluded) and, for every (class, class) pair present, sets
+    ``est ← momentum·est + (1 − momentum)·batch`` (or ``est ← batch`` the first time). The margins
+    use the updated estimates; classes never seen with ≥ 2 samples have d_a = 0. In eval mode the
+    buffers are frozen. They are registered buffers, so ``state_dict`` checkpoints them.
+    ``track_inter_class=False`` skips the (C, C) buffer (for very many classes, e.g. SOP's 11 318
+    → 512 MB) and uses the current batch's d_ab.
+
+    Args:
+        num_classes: C, labels must lie in [0, C).
+        gamma: γ ≥ 0, default 0.1 (the paper defers to its ref. [12] without a value).
+        momentum: EMA momentum in [0, 1), default 0.9.
+        distance: default ``PoincareDistance(c=0.1)``.
+    """
+
+    def __init__(self, num_classes, gamma=0.1, momentum=0.9, track_inter_class=True, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        self.num_classes = num_classes
+        self.gamma = check_nonnegative(gamma, "gamma")
+        momentum = check_nonnegative(momentum, "momentum")
+        if not momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        self.momentum = momentum
+        self.track_inter_class = bool(track_inter_class)
+        self.register_buffer("intra_mean", torch.zeros(num_classes))
+        self.register_buffer("intra_seen", torch.zeros(num_classes, dtype=torch.bool))
+        c2 = num_classes if self.track_inter_class else 0
+        self.register_buffer("inter_mean", torch.zeros(c2, c2))
+        self.register_buffer("inter_seen", torch.zeros(c2, c2, dtype=torch.bool))
+        self.add_to_recordable_attributes(list_of_names=["gamma"], is_stat=False)
+
+    def get_default_distance(self):
+        return PoincareDistance(c=0.1)
+
+    def get_default_reducer(self):
+        return AvgNonZeroReducer()
+
+    def _sub_loss_names(self):
+        return ["pos_loss", "neg_loss"]
+
+    def _check_range(self, labels, name):
+        if labels is not None and labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+            raise ValueError(f"{name} must lie in [0, num_classes={self.num_classes})")
+
+    def _ema(self, est, seen, batch, present):
+        upd = torch.where(seen, self.momentum * est + (1 - self.momentum) * batch, batch)
+        return torch.where(present, upd, est), seen | present
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if labels is None or ref_labels is None:
+            raise ValueError("labels are required (class-mean margins)")
+        self._check_range(labels, "labels")
+        self._check_range(ref_labels, "ref_labels")
+        pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        mat = as_compute(self.distance(embeddings, ref_emb))
+        # batch class-pair means over all distinct (query, ref) pairs, compact class ids
+        classes, inv = torch.unique(torch.cat([labels, ref_labels]), return_inverse=True)
+        qi, ri = inv[: labels.numel()], inv[labels.numel():]
+        Cb = classes.numel()
+        Yq = torch.nn.functional.one_hot(qi, Cb).to(mat.dtype)
+        Yr = torch.nn.functional.one_hot(ri, Cb).to(mat.dtype)
+        valid = torch.ones_like(mat)
+        if ref_emb is embeddings:
+            valid.fill_diagonal_(0)
+        sums = Yq.T @ (mat.detach() * valid) @ Yr
+        cnt = Yq.T @ valid @ Yr
+        sums, cnt = (sums + sums.T) / 2, (cnt + cnt.T) / 2  # d_ab is symmetric
+        batch_mean = sums / cnt.clamp_min(1)
+        present = cnt > 0
+        intra_b, intra_p = batch_mean.diagonal(), present.diagonal()
+        buf_dtype = self.intra_mean.dtype
+        if self.training:
+            with torch.no_grad():
+                new, seen = self._ema(self.intra_mean[classes], self.intra_seen[classes],
+                                      intra_b.to(buf_dtype), intra_p)
+                self.intra_mean[classes], self.intra_seen[classes] = new, seen
+                if self.track_inter_class:
+                    ix = torch.meshgrid(classes, classes, indexing="ij")
+                    new, seen = self._ema(self.inter_mean[ix], self.inter_seen[ix], batch_mean.to(buf_dtype), present)
+                    self.inter_mean[ix], self.inter_seen[ix] = new, seen
+        d_a = torch.where(self.intra_seen[classes], self.intra_mean[classes],
+                          torch.where(intra_p, intra_b.to(buf_dtype), torch.zeros_like(intra_b, dtype=buf_dtype)))
+        if self.track_inter_class:
+            ix = torch.meshgrid(classes, classes, indexing="ij")
+            d_ab = torch.where(self.inter_seen[ix], self.inter_mean[ix], batch_mean.to(buf_dtype))
+        else:
+            d_ab = batch_mean.to(buf_dtype)
+        d_a, d_ab = d_a.to(mat.dtype), d_ab.to(mat.dtype)
+        a1, p = torch.where(pos)
+        a2, n = torch.where(neg)
+        if a1.numel() == 0 and a2.numel() == 0:
+            return self.zero_losses()
+        pos_margin = d_a[qi[a1]] + self.gamma
+        neg_margin = d_ab[qi[a2], ri[n]] - d_a[qi[a2]] + self.gamma
+        pos_losses = torch.relu(mat[a1, p] - pos_margin)
+        neg_losses = torch.relu(neg_margin - mat[a2, n])
+        return {
+            "pos_loss": {"losses": pos_losses, "indices": (a1, p), "reduction_type": "pos_pair"},
+            "neg_loss": {"losses": neg_losses, "indices": (a2, n), "reduction_type": "neg_pair"},
+        }

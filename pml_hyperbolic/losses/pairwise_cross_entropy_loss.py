@@ -1,0 +1,113 @@
+"""Pairwise cross-entropy (Hyp-ViT, Ermolov et al. CVPR'22; the hyperbolic loss of HCL)."""
+from __future__ import annotations
+
+import torch
+from pytorch_metric_learning.losses import BaseMetricLossFunction
+from pytorch_metric_learning.reducers import MeanReducer
+
+from ..distances import PoincareDistance
+from ._common import as_compute, check_positive, pair_masks, similarity_logits
+
+
+class PairwiseCrossEntropyLoss(BaseMetricLossFunction):
+    r"""Pairwise cross-entropy over every positive pair, O(B²) memory.
+
+    For each positive pair (i, j) (both orders):
+
+    .. math::
+        \ell_{ij} = -\log \frac{\exp(-D(z_i, z_j)/\tau)}{\sum_{k \ne i} \exp(-D(z_i, z_k)/\tau)}
+
+    (Hyp-ViT Eq. (5); HypMix Eq. (6); HCL's hyperbolic branch uses the same form with a queue).
+    The denominator runs over all k ≠ i of the reference set; with an ``indices_tuple`` (PML miner,
+    CrossBatchMemory) it runs over the anchor's mined positives and negatives instead, the way PML's
+    ``SupConLoss`` does. Returns one element per positive pair ("pos_pair"); the default
+    ``MeanReducer`` averages them. A batch without positive pairs gives ``zero_losses()``. A batch of
+    one class is valid (positives only in the denominator).
+
+    For an inverted distance (a similarity, e.g. ``CosineSimilarity`` for the "Sph-" baseline), the
+    logits are sim/τ (Hyp-ViT's sphere baseline uses τ = 0.1).
+
+    Args:
+        temperature: τ > 0, default 0.2 (Hyp-ViT, c = 0.1, Sec. 4 / authors' code).
+        distance: default ``PoincareDistance(c=0.1)`` (Hyp-ViT).
+        view_pairs: the authors' multi-view formulation. The batch is seen as (classes, m): each class
+            must occur exactly m ≥ 2 times (view v of a class = its v-th occurrence in batch order).
+            For every ordered pair of views (v, w), v ≠ w, a cross-entropy with anchor view v of each
+            class, positive view w of the same class, negatives views v and w of the other classes
+            (denominator: all of views v and w except the anchor); each term is averaged over
+            classes and the m(m−1) terms are **summed**. Each sample's element loss is
+            m·Σ_w ℓ(v→w), so the default MeanReducer returns exactly that sum. With m = 2 this is
+            exactly 2 × the default (mean) formulation. ``ref_emb`` and ``indices_tuple`` are not
+            supported in this mode (ValueError).
+
+    Memory: one (B, R) logit matrix (PML's ``NTXentLoss`` builds O(B³)).
+    """
+
+    def __init__(self, temperature=0.2, view_pairs=False, **kwargs):
+        super().__init__(**kwargs)
+        self.temperature = check_positive(temperature, "temperature")
+        self.view_pairs = bool(view_pairs)
+        self.add_to_recordable_attributes(list_of_names=["temperature"], is_stat=False)
+
+    def get_default_distance(self):
+        return PoincareDistance(c=0.1)
+
+    def get_default_reducer(self):
+        return MeanReducer()
+
+    def logits(self, embeddings, ref_emb):
+        """(B, R) similarity logits, larger = more similar, float32 or wider."""
+        return similarity_logits(self.distance(embeddings, ref_emb), self.distance.is_inverted) / self.temperature
+
+    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+        if self.view_pairs:
+            if ref_emb is not embeddings or indices_tuple is not None:
+                raise ValueError("view_pairs=True supports neither ref_emb nor indices_tuple")
+            return self._view_pair_loss(embeddings, labels)
+        pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if not bool(pos.any()):
+            return self.zero_losses()
+        logits = self.logits(embeddings, ref_emb)
+        return self._pair_losses(logits, pos, pos | neg)
+
+    def _pair_losses(self, logits, pos, keep):
+        # masked log-sum-exp over the anchor's candidates (rows with a positive always keep ≥ 1)
+        log_denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1, keepdim=True)
+        a, p = torch.where(pos)
+        losses = log_denominator[a, 0] - logits[a, p]
+        return {"loss": {"losses": losses, "indices": (a, p), "reduction_type": "pos_pair"}}
+
+    def _view_pair_loss(self, embeddings, labels):
+        if labels is None:
+            raise ValueError("labels are required for view_pairs=True")
+        B = embeddings.shape[0]
+        if labels.ndim != 1 or labels.shape[0] != B:
+            raise ValueError(f"labels must be a 1-D tensor of length {B}")
+        classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        m = int(counts[0])
+        if not bool((counts == m).all()) or m < 2:
+            raise ValueError("labels: view_pairs=True needs every class exactly m >= 2 times, "
+                             f"got counts {counts.tolist()}")
+        if classes.numel() < 1:
+            return self.zero_losses()
+        # view index of each sample = its occurrence rank within its class (stable batch order)
+        order = torch.sort(inverse, stable=True).indices
+        view_of = torch.empty_like(inverse)
+        view_of[order] = torch.arange(B, device=labels.device) % m
+        member = torch.empty(classes.numel(), m, dtype=torch.long, device=labels.device)
+        member[inverse[order], view_of[order]] = order
+        logits = self.logits(embeddings, embeddings)
+        per_sample = logits.new_zeros(B)
+        not_self = ~torch.eye(B, dtype=torch.bool, device=logits.device)
+        for v in range(m):
+            for w in range(m):
+                if v == w:
+                    continue
+                anchors, positives = member[:, v], member[:, w]
+                keep = ((view_of == v) | (view_of == w)).view(1, -1) & not_self[anchors]
+                rows = logits[anchors]
+                lse = torch.logsumexp(rows.masked_fill(~keep, float("-inf")), dim=1)
+                term = lse - rows.gather(1, positives.view(-1, 1)).squeeze(1)
+                per_sample = per_sample.index_add(0, anchors, m * term)
+        idx = torch.arange(B, device=embeddings.device)
+        return {"loss": {"losses": per_sample, "indices": idx, "reduction_type": "element"}}

@@ -1,0 +1,197 @@
+r"""Hierarchical labels: the shared similarity-level helper and average-linkage utilities.
+
+Convention used across the package (labels N × K, column k = cluster id at level k, **finest
+first**): the similarity level of two samples is
+
+.. math:: s_{ij} = 1 + \min\{k : H_{ik} = H_{jk}\}\quad(\text{0-based }k),\qquad
+          s_{ij} = K + 1 \text{ if they never share a cluster},
+
+so s = 1 means "same finest cluster" (merged earliest = most similar) and larger s means less
+similar. This is the reading under which Yan et al.'s :math:`\Omega^{s_{ij}-s_{il}}` (CVPR'21,
+Eq. 4–5) makes more similar pairs closer for Ω > 1. The loss (``HierarchicalLogRatioLoss``) and
+the miner (:class:`HierarchicalSimilarityMiner`) both use :func:`first_shared_level` /
+:func:`pairwise_first_shared_level`, so they agree by construction.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "as_hierarchical_labels",
+    "first_shared_level",
+    "pairwise_first_shared_level",
+    "weighted_average_linkage",
+    "linkage_to_merges",
+    "cut_merges",
+]
+
+
+def as_hierarchical_labels(labels: Tensor, name: str = "labels") -> Tensor:
+    """Return ``labels`` as an N × K integer tensor (1-D labels become K = 1).
+
+    Raises ``ValueError`` naming ``name`` for 0-d or ≥ 3-d input, K = 0, or a float dtype.
+    """
+    if not isinstance(labels, Tensor):
+        labels = torch.as_tensor(labels)
+    if labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"{name} must be an integer tensor, got dtype {labels.dtype}")
+    if labels.ndim == 1:
+        return labels[:, None]
+    if labels.ndim != 2 or labels.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (N,) or (N, K) with K >= 1, got {tuple(labels.shape)}")
+    return labels
+
+
+def first_shared_level(hier_labels_i: Tensor, hier_labels_j: Tensor) -> Tensor:
+    """Similarity level s of row-aligned (broadcastable) hierarchical labels ``(..., K)``.
+
+    Returns int64 ``(...)`` with values in 1..K+1: 1 + the first (finest-first) level at which
+    the two label rows agree, K + 1 if they agree at no level. The last dimension is always the
+    level axis (flat labels need a trailing ``[..., None]``; :func:`pairwise_first_shared_level`
+    accepts 1-D labels directly).
+    """
+    if hier_labels_i.shape[-1] != hier_labels_j.shape[-1]:
+        raise ValueError(
+            "hier_labels_i and hier_labels_j must have the same number of levels K, got "
+            f"{hier_labels_i.shape[-1]} and {hier_labels_j.shape[-1]}"
+        )
+    k = hier_labels_i.shape[-1]
+    equal = hier_labels_i == hier_labels_j
+    shared = equal.any(dim=-1)
+    first = equal.to(torch.uint8).argmax(dim=-1)  # first True along the levels
+    return torch.where(shared, first + 1, torch.full_like(first, k + 1)).long()
+
+
+def pairwise_first_shared_level(hier_labels: Tensor, ref_hier_labels: Tensor | None = None) -> Tensor:
+    """N × M matrix of similarity levels s (see module doc) between all rows of two label sets.
+
+    Accepts N × K / M × K (or 1-D, K = 1) labels. Memory O(NM): levels are processed from the
+    coarsest to the finest, each overwriting the pairs it joins, so no N × M × K tensor is built.
+    """
+    h = as_hierarchical_labels(hier_labels, "hier_labels")
+    r = h if ref_hier_labels is None else as_hierarchical_labels(ref_hier_labels, "ref_hier_labels")
+    if h.shape[1] != r.shape[1]:
+        raise ValueError(
+            f"hier_labels and ref_hier_labels must have the same number of levels, got {h.shape[1]} and {r.shape[1]}"
+        )
+    r = r.to(h.device)
+    k = h.shape[1]
+    s = torch.full((h.shape[0], r.shape[0]), k + 1, dtype=torch.long, device=h.device)
+    for level in range(k - 1, -1, -1):
+        s.masked_fill_(h[:, level, None] == r[None, :, level], level + 1)
+    return s
+
+
+# ------------------------------------------------------------------------------------------------
+# Average linkage with initial cluster weights (nearest-neighbour chain) and tree cuts
+# ------------------------------------------------------------------------------------------------
+def weighted_average_linkage(dist: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
+    r"""UPGMA (average linkage) over n nodes that may already be clusters of ``sizes`` points.
+
+    ``dist[a, b]`` must be the average point-to-point distance between nodes a and b. Merging
+    uses the Lance–Williams average update
+
+    .. math:: d(A\cup B, C) = \frac{n_A\, d(A, C) + n_B\, d(B, C)}{n_A + n_B},
+
+    which keeps every entry equal to the mean over all underlying point pairs, so the tree is the
+    exact average-linkage tree of the points given that each node stays together. With unit
+    sizes this is scipy's ``linkage(method="average")``. Nearest-neighbour chain: O(n²) time and
+    memory (average linkage is reducible, so the chain finds the same merges as the naive
+    algorithm).
+
+    Returns an (n − 1) × 3 float64 array of merges ``(a, b, height)`` sorted by height, where
+    a and b are *leaf* indices, one from each merged cluster (the format :func:`cut_merges` takes).
+    """
+    d = np.array(dist, dtype=np.float64, copy=True)
+    n = d.shape[0]
+    if d.shape != (n, n):
+        raise ValueError(f"dist must be square, got shape {d.shape}")
+    w = np.ones(n) if sizes is None else np.asarray(sizes, dtype=np.float64).copy()
+    if n <= 1:
+        return np.zeros((0, 3))
+    np.fill_diagonal(d, np.inf)
+    active = np.ones(n, dtype=bool)
+    merges = []
+    chain: list[int] = []
+    remaining = n
+    while remaining > 1:
+        if not chain:
+            chain.append(int(np.flatnonzero(active)[0]))
+        a = chain[-1]
+        row = d[a]
+        b = int(np.argmin(row))
+        # prefer the previous chain element on ties, otherwise the chain can cycle
+        if len(chain) > 1 and row[chain[-2]] <= row[b]:
+            b = chain[-2]
+        if len(chain) > 1 and b == chain[-2]:
+            chain.pop()
+            chain.pop()
+            height = row[b]
+            merges.append((a, b, height))
+            # the merged cluster lives in slot a (a is one of its leaves); b is retired
+            new = (w[a] * d[a] + w[b] * d[b]) / (w[a] + w[b])
+            d[a, :] = new
+            d[:, a] = new
+            d[a, a] = np.inf
+            d[b, :] = np.inf
+            d[:, b] = np.inf
+            w[a] += w[b]
+            active[b] = False
+            remaining -= 1
+        else:
+            chain.append(b)
+    out = np.array(merges, dtype=np.float64)
+    order = np.argsort(out[:, 2], kind="stable")
+    return out[order]
+
+
+def linkage_to_merges(linkage_matrix: np.ndarray) -> np.ndarray:
+    """Convert a scipy linkage matrix (cluster ids ≥ n are merges) to ``(leaf_a, leaf_b, h)``."""
+    z = np.asarray(linkage_matrix)
+    n = z.shape[0] + 1
+    rep = np.arange(2 * n - 1)
+    out = np.empty((n - 1, 3))
+    for step, (a, b, h, _) in enumerate(z):
+        ra, rb = rep[int(a)], rep[int(b)]
+        out[step] = (ra, rb, h)
+        rep[n + step] = ra
+    return out
+
+
+def _find(parent: np.ndarray, i: int) -> int:
+    root = i
+    while parent[root] != root:
+        root = parent[root]
+    while parent[i] != root:  # path compression
+        parent[i], i = root, parent[i]
+    return root
+
+
+def cut_merges(merges: np.ndarray, n: int, n_clusters=None, thresholds=None) -> np.ndarray:
+    """Flat clusterings of one tree at several levels, finest first: n × K int64 labels.
+
+    ``merges`` (from :func:`weighted_average_linkage` / :func:`linkage_to_merges`) are sorted by
+    height. Level k keeps the first ``n - n_clusters[k]`` merges (counts, decreasing) or the
+    merges of height ≤ ``thresholds[k]`` (increasing). Both are prefixes of one merge sequence,
+    so the levels are nested. Cluster ids at each level are 0..n_k − 1 in order of the smallest
+    leaf they contain.
+    """
+    parent = np.arange(n)
+    if n_clusters is not None:
+        stops = [n - int(m) for m in n_clusters]
+    else:
+        heights = merges[:, 2] if len(merges) else np.zeros(0)
+        stops = [int(np.searchsorted(heights, t, side="right")) for t in thresholds]
+    labels = np.empty((n, len(stops)), dtype=np.int64)
+    done = 0
+    for level, stop in enumerate(stops):
+        for a, b, _ in merges[done:stop]:
+            ra, rb = _find(parent, int(a)), _find(parent, int(b))
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)  # root = smallest leaf of the cluster
+        done = max(done, stop)
+        roots = np.array([_find(parent, i) for i in range(n)])
+        labels[:, level] = np.unique(roots, return_inverse=True)[1]
+    return labels

@@ -1,0 +1,159 @@
+"""Atomic checkpoints with everything ``--resume`` needs to reproduce an uninterrupted run."""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from .config import ConfigError, config_fingerprint
+
+
+def atomic_torch_save(obj, path: str) -> None:
+    """Write ``obj`` to a temporary file in the same folder, fsync it, then ``os.replace`` it.
+
+    A crash mid-write leaves the previous checkpoint intact (``os.replace`` is atomic on POSIX and
+    Windows when source and target are on the same file system, hence the same folder).
+    """
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def rng_state() -> Dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel (checkpoints never hold the ``module.`` prefix)."""
+    return module.module if hasattr(module, "module") and isinstance(
+        module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+def describe_config_difference(saved: Dict, current: Dict) -> str:
+    keys = sorted(set(saved) | set(current))
+    rows = [f"  {k}: checkpoint={saved.get(k, '<unset>')!r}  now={current.get(k, '<unset>')!r}"
+            for k in keys if saved.get(k, "<unset>") != current.get(k, "<unset>")]
+    return "\n".join(rows)
+
+
+def check_compatible(checkpoint: Dict, config: Dict, path: str) -> None:
+    """Refuse to resume a checkpoint written under different settings (say which, and what to do)."""
+    saved = checkpoint.get("config_fingerprint")
+    if saved is None:
+        raise ConfigError(f"{path} is not a pml-hyperbolic training checkpoint (no config fingerprint).")
+    current = config_fingerprint(config)
+    # JSON-like normalisation: tuples vs lists must not count as a difference.
+    norm = lambda d: {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}  # noqa: E731
+    if norm(saved) != norm(current):
+        raise ConfigError(
+            f"checkpoint {path} was written with a different configuration:\n"
+            f"{describe_config_difference(norm(saved), norm(current))}\n"
+            "Resume with the same settings (e.g. --config <run folder>/config.json), or start a new run "
+            "with a different --output-dir (or without --resume).")
+
+
+class CheckpointManager:
+    """``last.pt`` after every epoch and ``best.pt`` whenever Recall@1 improves, both atomic."""
+
+    def __init__(self, run_dir: str, config: Dict, enabled: bool = True):
+        self.run_dir = run_dir
+        self.config = config
+        self.enabled = enabled
+        self.last_path = os.path.join(run_dir, "last.pt")
+        self.best_path = os.path.join(run_dir, "best.pt")
+
+    def state(self, trainer, epoch: int, best: Dict, history) -> Dict:
+        sampler = getattr(trainer, "sampler", None)
+        return {
+            "format": "pml-hyperbolic-checkpoint-v1",
+            "epoch": epoch,
+            "global_step": trainer.global_step,
+            "models": {k: unwrap(v).state_dict() for k, v in trainer.models.items()},
+            "loss_funcs": {k: unwrap(v).state_dict() for k, v in trainer.loss_funcs.items()},
+            "optimizers": {k: v.state_dict() for k, v in trainer.optimizers.items()},
+            "lr_schedulers": {k: v.state_dict() for k, v in (trainer.lr_schedulers or {}).items()},
+            "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+            # Checkpoints are taken at epoch boundaries: the next epoch starts at its first batch.
+            "sampler": ({**sampler.state_dict(), "next_batch": 0} if hasattr(sampler, "state_dict") else None),
+            "extra": trainer.extra_state_dict(),
+            "rng": rng_state(),
+            "best": dict(best),
+            "history": list(history),
+            "config": self.config,
+            "config_fingerprint": config_fingerprint(self.config),
+        }
+
+    def save(self, trainer, epoch: int, best: Dict, history, is_best: bool) -> None:
+        if not self.enabled:
+            return
+        state = self.state(trainer, epoch, best, history)
+        atomic_torch_save(state, self.last_path)
+        if is_best:
+            atomic_torch_save(state, self.best_path)
+
+    def resolve(self, resume: Optional[str]) -> Optional[str]:
+        if resume is None:
+            return None
+        path = self.last_path if resume == "auto" else resume
+        if not os.path.isfile(path):
+            raise ConfigError(f"--resume: no checkpoint at {path}. Give the path of a last.pt/best.pt, or drop "
+                              "--resume to start from scratch.")
+        return path
+
+    def load(self, path: str, map_location="cpu") -> Dict:
+        try:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+        except Exception as err:  # corrupted or foreign file: tell the user which
+            raise ConfigError(f"--resume: cannot read checkpoint {path}: {err}")
+        check_compatible(checkpoint, self.config, path)
+        return checkpoint
+
+
+def restore_trainer(trainer, checkpoint: Dict) -> None:
+    """Load model/optimiser/scaler/sampler/RNG state into a freshly built trainer."""
+    for k, v in checkpoint["models"].items():
+        unwrap(trainer.models[k]).load_state_dict(v)
+    for k, v in checkpoint.get("loss_funcs", {}).items():
+        if k in trainer.loss_funcs:
+            unwrap(trainer.loss_funcs[k]).load_state_dict(v)
+    for k, v in checkpoint["optimizers"].items():
+        trainer.optimizers[k].load_state_dict(v)
+    for k, v in checkpoint.get("lr_schedulers", {}).items():
+        trainer.lr_schedulers[k].load_state_dict(v)
+    if trainer.scaler is not None and checkpoint.get("scaler") is not None:
+        trainer.scaler.load_state_dict(checkpoint["scaler"])
+    sampler = getattr(trainer, "sampler", None)
+    if checkpoint.get("sampler") is not None and hasattr(sampler, "load_state_dict"):
+        sampler.load_state_dict(checkpoint["sampler"])
+    trainer.load_extra_state_dict(checkpoint.get("extra") or {})
+    trainer.global_step = int(checkpoint["global_step"])
+    set_rng_state(checkpoint["rng"])

@@ -1,0 +1,98 @@
+"""Per-epoch CSV log (and TensorBoard when installed) written by rank 0 only."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Dict, Optional
+
+
+class RunLogger:
+    """Appends one row per epoch to ``<run_dir>/log.csv`` (loss, lr, curvature, Recall@K, ...).
+
+    Columns are fixed by the first row written; a resumed run appends to the same file after
+    dropping rows of epochs it is about to redo, so the CSV never holds duplicate epochs.
+    """
+
+    def __init__(self, run_dir: str, enabled: bool = True, tensorboard: bool = True):
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self.csv_path = os.path.join(run_dir, "log.csv")
+        self.writer = None
+        if enabled:
+            os.makedirs(run_dir, exist_ok=True)
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+                    self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+                except Exception:  # not installed: CSV only
+                    self.writer = None
+
+    def truncate_after(self, epoch: int) -> None:
+        """Keep only rows with ``epoch <= epoch`` (called when resuming after ``epoch``)."""
+        if not self.enabled or not os.path.isfile(self.csv_path):
+            return
+        with open(self.csv_path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        if not rows:
+            return
+        fields = list(rows[0].keys())
+        kept = [r for r in rows if int(r["epoch"]) <= epoch]
+        with open(self.csv_path, "w", newline="") as handle:
+            w = csv.DictWriter(handle, fieldnames=fields)
+            w.writeheader()
+            w.writerows(kept)
+
+    def log_epoch(self, row: Dict) -> None:
+        if not self.enabled:
+            return
+        exists = os.path.isfile(self.csv_path) and os.path.getsize(self.csv_path) > 0
+        if exists:
+            with open(self.csv_path, newline="") as handle:
+                fields = next(csv.reader(handle), None) or list(row.keys())
+        else:
+            fields = list(row.keys())
+        with open(self.csv_path, "a", newline="") as handle:
+            w = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+            if not exists:
+                w.writeheader()
+            w.writerow({k: row.get(k, "") for k in fields})
+        if self.writer is not None:
+            step = int(row.get("step", row.get("epoch", 0)))
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key not in ("epoch", "step"):
+                    self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def write_json(self, name: str, payload: Dict) -> Optional[str]:
+        if not self.enabled:
+            return None
+        path = os.path.join(self.run_dir, name)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(payload, handle, indent=2, default=_json_default)
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _json_default(value):
+    try:
+        import numpy as np
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return str(value)

@@ -1,0 +1,190 @@
+"""Scene/object crops for HCL (Ge et al., CVPR'23): a scene crop and a contained object crop.
+
+Each item is ``(scene, object_view_1, object_view_2, object_label)``:
+
+* ``scene``: the crop of the union box of 2–5 object boxes of one image (the hyperbolic query);
+* ``object_view_1/2``: two augmentations of a slightly enlarged box of ONE of those objects (the
+  MoCo pair; view 2 is also the hyperbolic positive key, an object contained in the scene).
+
+:class:`ComposedGlyphScenes` builds such images from the bundled glyphs (several glyph "objects"
+pasted without overlap on one canvas, so every object box lies inside its scene box);
+:class:`CocoSceneObjects` reads a COCO-style annotation file (``images``/``annotations`` with
+``bbox = [x, y, w, h]``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from PIL import Image
+
+Box = Tuple[float, float, float, float]  # x0, y0, x1, y1
+
+
+def union_box(boxes: Sequence[Box]) -> Box:
+    b = np.asarray(boxes, dtype=np.float64)
+    return float(b[:, 0].min()), float(b[:, 1].min()), float(b[:, 2].max()), float(b[:, 3].max())
+
+
+def enlarge_box(box: Box, factor: float, width: float, height: float) -> Box:
+    """Scale a box about its centre, clipped to the image."""
+    x0, y0, x1, y1 = box
+    cx, cy, w, h = (x0 + x1) / 2, (y0 + y1) / 2, (x1 - x0) * factor, (y1 - y0) * factor
+    return max(0.0, cx - w / 2), max(0.0, cy - h / 2), min(width, cx + w / 2), min(height, cy + h / 2)
+
+
+def default_view_transform(image_size: int, kind: str = "glyph"):
+    """MoCo-v2-style augmentation of an object crop (random resized crop, flip for photos)."""
+    from torchvision import transforms as T
+
+    ops = [T.RandomResizedCrop(image_size, scale=(0.5, 1.0), antialias=True)]
+    if kind != "glyph":  # mirrored glyphs are different characters
+        ops += [T.RandomHorizontalFlip(), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                T.RandomGrayscale(p=0.2)]
+    ops += [T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    return T.Compose(ops)
+
+
+def default_scene_transform(image_size: int):
+    from torchvision import transforms as T
+
+    return T.Compose([T.Resize((image_size, image_size), antialias=True), T.ToTensor(),
+                      T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+
+class _SceneObjectBase(torch.utils.data.Dataset):
+    def __init__(self, image_size: int, view_transform=None, scene_transform=None, enlarge: float = 1.2,
+                 kind: str = "glyph"):
+        self.image_size = image_size
+        self.view_transform = view_transform or default_view_transform(image_size, kind)
+        self.scene_transform = scene_transform or default_scene_transform(image_size)
+        self.enlarge = enlarge
+
+    def make_item(self, image: Image.Image, boxes: List[Box], chosen: int, label: int):
+        scene_box = union_box(boxes)
+        obj_box = enlarge_box(boxes[chosen], self.enlarge, image.width, image.height)
+        # The enlarged object box may poke out of the scene box; clip it so the object crop stays
+        # contained in the scene (the property HCL's hyperbolic branch relies on).
+        obj_box = (max(obj_box[0], scene_box[0]), max(obj_box[1], scene_box[1]),
+                   min(obj_box[2], scene_box[2]), min(obj_box[3], scene_box[3]))
+        scene = image.crop(tuple(int(round(v)) for v in scene_box))
+        obj = image.crop(tuple(int(round(v)) for v in obj_box))
+        return (self.scene_transform(scene), self.view_transform(obj), self.view_transform(obj),
+                torch.tensor(label, dtype=torch.int64))
+
+
+class ComposedGlyphScenes(_SceneObjectBase):
+    """Scenes of 2–``max_objects`` glyphs pasted without overlap on a white canvas.
+
+    Item ``i`` is the same composition for a given ``seed`` (the layout is seeded by (seed, i));
+    the augmentations of the views use the global torch RNG like any transform.
+
+    Args:
+        glyphs: a :class:`~pml_hyperbolic.data.GlyphDataset` built with ``transform=None`` (PIL images).
+        num_scenes: dataset length (default: one per glyph image).
+        canvas_size: side of the square canvas in pixels.
+        min_objects / max_objects: objects per scene (HCL: 2–5).
+    """
+
+    def __init__(self, glyphs, num_scenes: Optional[int] = None, canvas_size: int = 112, min_objects: int = 2,
+                 max_objects: int = 4, image_size: int = 64, seed: int = 0, **kwargs):
+        super().__init__(image_size=image_size, kind="glyph", **kwargs)
+        if not 2 <= min_objects <= max_objects:
+            raise ValueError(f"need 2 <= min_objects <= max_objects, got {min_objects}, {max_objects}")
+        self.glyphs = glyphs
+        self.num_scenes = num_scenes or len(glyphs)
+        self.canvas_size = canvas_size
+        self.min_objects, self.max_objects = min_objects, max_objects
+        self.seed = seed
+        self.glyph_labels = np.asarray(glyphs.labels)
+        self._labels = None
+
+    def __len__(self) -> int:
+        return self.num_scenes
+
+    def layout(self, index: int):
+        """(glyph indices, boxes, chosen object) of scene ``index``: cells of a grid, jittered."""
+        rng = np.random.default_rng([self.seed, index])
+        k = int(rng.integers(self.min_objects, self.max_objects + 1))
+        first = index % len(self.glyphs)
+        others = rng.choice(len(self.glyphs), size=k - 1, replace=False)
+        members = [first] + [int(o) for o in others]
+        g = self.glyphs[first][0]
+        size = g.width
+        grid = max(1, self.canvas_size // size)
+        cells = rng.choice(grid * grid, size=k, replace=False)
+        slack = self.canvas_size - grid * size
+        boxes = []
+        for cell in cells:
+            cx, cy = int(cell % grid), int(cell // grid)
+            jx, jy = (int(rng.integers(0, slack + 1)) if slack else 0), (int(rng.integers(0, slack + 1)) if slack else 0)
+            x0, y0 = cx * size + (jx if cx == grid - 1 else 0), cy * size + (jy if cy == grid - 1 else 0)
+            boxes.append((float(x0), float(y0), float(x0 + size), float(y0 + size)))
+        return members, boxes, 0
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Class of the chosen object of each scene (only for samplers/diagnostics; HCL ignores it)."""
+        if self._labels is None:
+            self._labels = self.glyph_labels[np.arange(self.num_scenes) % len(self.glyphs)]
+        return self._labels
+
+    def __getitem__(self, index: int):
+        members, boxes, chosen = self.layout(index)
+        canvas = Image.new("RGB", (self.canvas_size, self.canvas_size), (255, 255, 255))
+        for m, box in zip(members, boxes):
+            canvas.paste(self.glyphs[m][0].convert("RGB"), (int(box[0]), int(box[1])))
+        return self.make_item(canvas, boxes, chosen, int(self.glyph_labels[members[chosen]]))
+
+
+class CocoSceneObjects(_SceneObjectBase):
+    """Scene/object crops from a COCO-style annotation file.
+
+    Images with at least ``min_objects`` boxes (area ≥ ``min_area`` pixels, not ``iscrowd``) are
+    kept; item ``i`` picks 2–``max_objects`` of its boxes (seeded by (seed, i)) as the scene and one
+    of them as the object. Labels are COCO category ids (unused by the loss).
+    """
+
+    def __init__(self, annotation_file: str, image_dir: str, min_objects: int = 2, max_objects: int = 5,
+                 min_area: float = 32 * 32, image_size: int = 224, seed: int = 0, **kwargs):
+        super().__init__(image_size=image_size, kind="photo", **kwargs)
+        if not os.path.isfile(annotation_file):
+            raise FileNotFoundError(f"annotation file not found: {annotation_file}")
+        if not os.path.isdir(image_dir):
+            raise FileNotFoundError(f"image folder not found: {image_dir}")
+        with open(annotation_file) as handle:
+            coco = json.load(handle)
+        if not isinstance(coco, dict) or "images" not in coco or "annotations" not in coco:
+            raise ValueError(f"{annotation_file} is not COCO-style: it needs top-level 'images' and 'annotations'")
+        files = {img["id"]: img["file_name"] for img in coco["images"]}
+        per_image = {}
+        for ann in coco["annotations"]:
+            x, y, w, h = ann["bbox"]
+            if ann.get("iscrowd", 0) or w * h < min_area:
+                continue
+            per_image.setdefault(ann["image_id"], []).append(((x, y, x + w, y + h), int(ann.get("category_id", 0))))
+        self.items = [(files[i], anns) for i, anns in sorted(per_image.items())
+                      if len(anns) >= min_objects and i in files]
+        if not self.items:
+            raise ValueError(f"{annotation_file}: no image has >= {min_objects} boxes of area >= {min_area}")
+        self.image_dir = image_dir
+        self.max_objects = max_objects
+        self.min_objects = min_objects
+        self.seed = seed
+        self.labels = np.asarray([anns[0][1] for _, anns in self.items])
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        rng = np.random.default_rng([self.seed, index])
+        file_name, anns = self.items[index]
+        k = int(rng.integers(self.min_objects, min(self.max_objects, len(anns)) + 1))
+        picked = rng.choice(len(anns), size=k, replace=False)
+        boxes = [anns[p][0] for p in picked]
+        chosen = int(rng.integers(k))
+        image = Image.open(os.path.join(self.image_dir, file_name)).convert("RGB")
+        return self.make_item(image, boxes, chosen, anns[picked[chosen]][1])

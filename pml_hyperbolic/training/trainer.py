@@ -1,0 +1,179 @@
+"""PML ``MetricLossOnly`` with mixed precision, correct clipping under a GradScaler, a fresh
+per-epoch data order (so an interrupted run resumes exactly), a step budget and start-of-epoch
+hooks (used by the unsupervised recipe to re-cluster)."""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, Optional
+
+import torch
+import tqdm
+from pytorch_metric_learning.trainers import MetricLossOnly
+
+
+def resolve_amp(amp: str, device: torch.device):
+    """``--amp`` → (autocast dtype or None, whether a GradScaler is needed).
+
+    'auto' is fp16 + scaler on CUDA and off on CPU (CPU autocast of convolutions is slower than
+    float32 on most machines). bf16 has fp32's exponent range, so it needs no scaler.
+    """
+    if amp == "off" or (amp == "auto" and device.type != "cuda"):
+        return None, False
+    if amp == "bf16":
+        return torch.bfloat16, False
+    if amp in ("fp16", "auto"):
+        if device.type != "cuda":
+            # fp16 autocast on CPU is poorly supported; bf16 is what CPUs accelerate.
+            return torch.bfloat16, False
+        return torch.float16, True
+    raise ValueError(f"amp must be one of auto/off/fp16/bf16, got {amp!r}")
+
+
+def _scalar(value) -> float:
+    return float(value.detach()) if torch.is_tensor(value) else float(value)
+
+
+def is_batch_sampler(sampler) -> bool:
+    """True for samplers that yield whole batches (``ClassBalancedBatchSampler`` is not a
+    ``torch.utils.data.BatchSampler`` subclass, so PML's own check would misuse it)."""
+    return isinstance(sampler, torch.utils.data.BatchSampler) or hasattr(sampler, "samples_per_class")
+
+
+class HyperbolicTrainer(MetricLossOnly):
+    """``MetricLossOnly`` plus AMP, unscale-then-clip, per-epoch ``sampler.set_epoch`` and ``max_steps``.
+
+    Args (on top of PML's ``BaseTrainer``):
+        amp_dtype: autocast dtype for the models' forward (None = off). The embeddings are cast to
+            float32 *before* the loss, so every distance/loss runs in float32 outside autocast.
+        use_grad_scaler: use ``torch.amp.GradScaler`` (fp16 only).
+        grad_clip_norm: total gradient-norm threshold; gradients are unscaled first, otherwise the
+            threshold would apply to ``scale × grad`` and clip almost nothing (or everything).
+        max_steps: stop after this many optimiser steps in total (across epochs and resumes).
+        start_of_epoch_hook: ``hook(trainer)`` called before each epoch's data is drawn.
+        show_progress: tqdm bars (off on non-zero ranks).
+    """
+
+    def __init__(self, *args, amp_dtype=None, use_grad_scaler=False, grad_clip_norm: Optional[float] = None,
+                 max_steps: Optional[int] = None, start_of_epoch_hook: Optional[Callable] = None,
+                 show_progress: bool = True, **kwargs):
+        self.amp_dtype = amp_dtype
+        self.grad_clip_norm = grad_clip_norm
+        self.max_steps = max_steps
+        self.start_of_epoch_hook = start_of_epoch_hook
+        self.show_progress = show_progress
+        self.global_step = 0
+        self.nonfinite_steps = 0
+        device = kwargs.get("data_device") or torch.device("cpu")
+        self.scaler = torch.amp.GradScaler(torch.device(device).type) if use_grad_scaler else None
+        super().__init__(*args, **kwargs)
+
+    # ---- extension points for recipes with extra state (e.g. a momentum encoder's queue) ----
+    def extra_state_dict(self) -> dict:
+        return {}
+
+    def load_extra_state_dict(self, state: dict) -> None:
+        pass
+
+    # ---- data ----
+    def initialize_dataloader(self):
+        from pytorch_metric_learning.utils import common_functions as c_f
+
+        if is_batch_sampler(self.sampler):
+            self.dataloader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=self.sampler, num_workers=self.dataloader_num_workers,
+                collate_fn=self.collate_fn, persistent_workers=False)
+        else:
+            self.dataloader = c_f.get_train_dataloader(
+                self.dataset, self.batch_size, self.sampler, self.dataloader_num_workers, self.collate_fn)
+        if not self.iterations_per_epoch:
+            self.iterations_per_epoch = len(self.dataloader)
+
+    def steps_exhausted(self) -> bool:
+        return self.max_steps is not None and self.global_step >= self.max_steps
+
+    def train(self, start_epoch=1, num_epochs=1):
+        self.initialize_dataloader()
+        for self.epoch in range(start_epoch, num_epochs + 1):
+            if self.steps_exhausted():
+                break
+            if hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(self.epoch)
+            if self.start_of_epoch_hook is not None:
+                self.start_of_epoch_hook(self)
+            # A new iterator per epoch: the order then depends only on (seed, epoch) and the RNG
+            # state at the epoch start, which checkpoints store, so a resumed run is identical.
+            self.dataloader_iter = iter(self.dataloader)
+            self.set_to_train()
+            pbar = tqdm.tqdm(range(self.iterations_per_epoch), disable=not self.show_progress,
+                             desc=f"epoch {self.epoch}", leave=False, dynamic_ncols=True)
+            epoch_loss, epoch_steps = 0.0, 0
+            for self.iteration in pbar:
+                if self.steps_exhausted():
+                    break
+                self.forward_and_backward()
+                self.global_step += 1
+                epoch_loss += _scalar(self.losses["total_loss"])
+                epoch_steps += 1
+                self.end_of_iteration_hook(self)
+                pbar.set_postfix(loss=f"{_scalar(self.losses['total_loss']):.4f}")
+                self.step_lr_schedulers(end_of_epoch=False)
+            pbar.close()
+            self.step_lr_schedulers(end_of_epoch=True)
+            self.last_epoch_loss = epoch_loss / epoch_steps if epoch_steps else float("nan")
+            self.zero_losses()
+            if self.end_of_epoch_hook(self) is False:
+                break
+
+    # ---- forward: models under autocast, losses in float32 ----
+    def autocast(self):
+        device_type = torch.device(self.data_device).type
+        return torch.autocast(device_type=device_type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
+    def compute_embeddings(self, data):
+        with self.autocast():
+            embeddings = super().compute_embeddings(data)
+        return embeddings.float()
+
+    # ---- backward / clip / step ----
+    def backward(self):
+        loss = self.losses["total_loss"]
+        if not torch.is_tensor(loss) or not loss.requires_grad:
+            return
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def trainable_parameters(self):
+        for group in (self.models, self.loss_funcs):
+            for module in group.values():
+                for p in module.parameters():
+                    if p.requires_grad and p.grad is not None:
+                        yield p
+
+    def clip_gradients(self):
+        if self.scaler is not None:
+            for opt in self.optimizers.values():
+                self.scaler.unscale_(opt)
+        if self.grad_clip_norm is not None:
+            params = list(self.trainable_parameters())
+            if params:
+                torch.nn.utils.clip_grad_norm_(params, self.grad_clip_norm)
+        super().clip_gradients()
+
+    def step_optimizers(self):
+        loss = self.losses["total_loss"]
+        finite = bool(torch.isfinite(loss).all()) if torch.is_tensor(loss) else math.isfinite(float(loss))
+        if self.scaler is not None:
+            for k, v in self.optimizers.items():
+                self.scaler.step(v)
+            self.scaler.update()
+            return
+        if not finite:
+            # Without a scaler nothing else would stop a NaN from entering the weights.
+            self.nonfinite_steps += 1
+            warnings.warn(f"non-finite loss at step {self.global_step}; skipping the optimiser step")
+            return
+        super().step_optimizers()

@@ -1,0 +1,103 @@
+r"""Hyperbolic uncertainty: how close an embedding lies to the origin of the Poincaré ball.
+
+Hyp-UML (Yan, Liu, Xu), Sec. III-B, defines :math:`U(x) = 1 - D_{Hyp}(x, 0)`. As written this is
+unusable for the embeddings every hyperbolic metric-learning head produces: the paper's
+:math:`D` lacks the factor 2 of the geodesic distance, and with feature clipping at radius
+:math:`r = 2.3` (Hyp-ViT's head) :math:`D(x, 0)` (with or without the 2) exceeds 1 for almost every
+point, so :math:`U < 0` and the losses' :math:`\log(U / \max U + 1)` is NaN or reversed.
+
+:func:`hyperbolic_uncertainty` therefore offers several normalisations (``mode``):
+
+* ``"clip"`` (**the default**, chosen by the experiment in ``bench/uncertainty_modes.py``):
+  :math:`U = \operatorname{clamp}(1 - d_c(x, 0) / (2 r), 0, 1)`. For points produced by
+  ``ToPoincare`` (clip then ``expmap0``), :math:`d_c(x, 0) = 2\|v\|` with :math:`\|v\| \le r` the
+  clipped tangent norm, so :math:`U = 1 - \|v\|/r \in [0, 1]`: 1 at the origin, 0 at the clip radius.
+  Batch-independent, so it is also the right quantity for analysis (helper-D's recall tables).
+* ``"ball"``: :math:`U = 1 - \sqrt{c}\,\|x\|` (the Euclidean fraction of the ball's radius still free),
+  in (0, 1]; needs no clip radius but compresses clipped points into [1 − tanh(√c r), 1].
+* ``"batch"``: min–max within the batch, :math:`U = (\max_B d - d)/(\max_B d - \min_B d)`
+  (all 1 when every distance is equal). Depends on the batch; the most certain point gets U = 0.
+* ``"literal"``: the paper's formula :math:`U = 1 - \tfrac12 d_c(x, 0)` (its :math:`D` without the
+  factor 2, i.e. :math:`\operatorname{artanh}(\sqrt c\|x\|)/\sqrt c`). Values may be negative: a
+  ``RuntimeWarning`` is issued when any is ≤ 0; the losses then guard the logarithm (see
+  :func:`uncertainty_ratio_log`).
+
+Larger U always means more uncertain (nearer the origin).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import poincare_ball as pb
+
+__all__ = ["hyperbolic_uncertainty", "uncertainty_ratio_log", "UNCERTAINTY_MODES", "DEFAULT_MODE"]
+
+UNCERTAINTY_MODES = ("clip", "ball", "batch", "literal")
+DEFAULT_MODE = "clip"
+
+
+def _check_mode(mode):
+    mode = DEFAULT_MODE if mode is None else mode
+    if mode not in UNCERTAINTY_MODES:
+        raise ValueError(f"mode must be None or one of {UNCERTAINTY_MODES}, got {mode!r}")
+    return mode
+
+
+def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=2.3, detach=True) -> torch.Tensor:
+    r"""Per-embedding uncertainty (N,) from the distance to the origin of the ball of curvature −c.
+
+    Args:
+        embeddings: (N, D) points of the Poincaré ball (as returned by ``ToPoincare``; points on or
+            outside the boundary are projected inside first).
+        c: curvature magnitude (> 0), float / 0-d tensor / hypll curvature.
+        mode: ``None`` (= ``"clip"``, the sound default), ``"clip"``, ``"ball"``, ``"batch"`` or
+            ``"literal"`` (the paper's formula), see the module docstring.
+        clip_r: the head's clip radius r (> 0), used by ``"clip"`` mode only; Hyp-ViT's 2.3.
+        detach: return a tensor without gradient (default; Hyp-UML does not say whether U is
+            detached, a detached U keeps the uncertainty a weighting, not an objective).
+
+    Returns:
+        (N,) tensor in the compute dtype (float32 for half inputs); larger = more uncertain.
+    """
+    mode = _check_mode(mode)
+    if embeddings.ndim != 2:
+        raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}")
+    if mode == "clip" and (clip_r is None or not float(clip_r) > 0):
+        raise ValueError(f"clip_r must be > 0 for mode='clip', got {clip_r!r}")
+    x = embeddings.detach() if detach else embeddings
+    c_t = pb.as_curvature(c, pb.compute_dtype(x.dtype), x.device)
+    x = pb.project(x, c_t)
+    if mode == "ball":
+        return 1 - c_t.sqrt() * torch.linalg.vector_norm(x, dim=-1)
+    d0 = pb.dist0(x, c_t)
+    if mode == "clip":
+        return (1 - d0 / (2 * float(clip_r))).clamp(0.0, 1.0)
+    if mode == "batch":
+        if d0.numel() == 0:
+            return d0
+        lo, hi = d0.min(), d0.max()
+        span = hi - lo
+        # all-equal batch: every point equally (and maximally) uncertain instead of 0/0
+        return torch.where(span > 0, (hi - d0) / span.clamp_min(torch.finfo(d0.dtype).tiny), torch.ones_like(d0))
+    u = 1 - d0 / 2  # literal: the paper's D(x, 0) has no factor 2
+    if bool((u <= 0).any()):
+        warnings.warn(
+            "literal Hyp-UML uncertainty 1 - D(x, 0) is <= 0 for some embeddings (expected for clipped "
+            "embeddings); the losses guard log(U/max U + 1). Use mode=None for a sound normalisation.",
+            RuntimeWarning, stacklevel=2)
+    return u
+
+
+def uncertainty_ratio_log(u: torch.Tensor, guard_eps: float = 1e-6) -> torch.Tensor:
+    r""":math:`\log(U_i / \max_B U + 1)`, the Hyp-UML factor of Eq. (6) and (7), with a guard.
+
+    For sound modes U ∈ [0, 1] and the value lies in [0, log 2]. The guard (needed by ``"literal"``):
+    the maximum is clamped to ≥ ``guard_eps`` (all-U ≤ 0 batches would otherwise divide by ≤ 0) and
+    the logarithm's argument to ≥ ``guard_eps``, so the result is finite (≥ log guard_eps).
+    """
+    if u.numel() == 0:
+        return u
+    u_max = u.max().clamp_min(guard_eps)
+    return torch.log((u / u_max + 1).clamp_min(guard_eps))

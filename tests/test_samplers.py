@@ -1,0 +1,124 @@
+"""ClassBalancedBatchSampler: whole classes per batch, determinism, distributed ranks, resume."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from pml_hyperbolic.data import ClassBalancedBatchSampler
+
+
+def make_labels(num_classes=20, low=4, high=12, seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(low, high, num_classes)
+    return np.repeat(np.arange(num_classes) * 7 + 3, sizes)  # non-contiguous raw ids
+
+
+def check_batch(batch, labels, batch_size, samples_per_class):
+    assert len(batch) == batch_size
+    counts = Counter(labels[batch].tolist())
+    assert len(counts) == batch_size // samples_per_class
+    assert set(counts.values()) == {samples_per_class}
+
+
+def test_every_batch_is_whole_classes_with_distinct_samples():
+    labels = make_labels()
+    sampler = ClassBalancedBatchSampler(labels, batch_size=24, samples_per_class=4, seed=1)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == len(labels) // 24
+    for batch in batches:
+        check_batch(batch, labels, 24, 4)
+        assert len(set(batch)) == 24  # every class here has >= 4 samples
+    # classes cycle through their samples: over many batches every index shows up
+    sampler = ClassBalancedBatchSampler(labels, batch_size=24, samples_per_class=4, num_batches=200)
+    seen = set(i for batch in sampler for i in batch)
+    assert seen == set(range(len(labels)))
+
+
+def test_small_classes_are_drawn_with_replacement():
+    labels = np.array([0, 0, 1, 1, 1, 1, 2, 3, 3, 3])
+    for batch in ClassBalancedBatchSampler(labels, batch_size=6, samples_per_class=3, num_batches=20):
+        check_batch(batch, labels, 6, 3)
+
+
+def test_deterministic_under_seed_and_epoch():
+    labels = torch.as_tensor(make_labels())
+    first = list(ClassBalancedBatchSampler(labels, 24, 4, seed=5))
+    again = list(ClassBalancedBatchSampler(labels, 24, 4, seed=5))
+    other_seed = list(ClassBalancedBatchSampler(labels, 24, 4, seed=6))
+    assert first == again and first != other_seed
+    sampler = ClassBalancedBatchSampler(labels, 24, 4, seed=5)
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+def test_two_ranks_get_distinct_whole_class_batches():
+    labels = make_labels(num_classes=20)
+    ranks = [ClassBalancedBatchSampler(labels, 12, 3, seed=3, rank=r, world_size=2) for r in range(2)]
+    single = ClassBalancedBatchSampler(labels, 12, 3, seed=3)
+    assert len(ranks[0]) == len(ranks[1]) == len(single) // 2
+    for batch_0, batch_1 in zip(*ranks):
+        check_batch(batch_0, labels, 12, 3)
+        check_batch(batch_1, labels, 12, 3)
+        # 20 classes >= 2 ranks x 4 classes: the ranks of one step hold disjoint classes
+        assert not set(labels[batch_0].tolist()) & set(labels[batch_1].tolist())
+        assert not set(batch_0) & set(batch_1)
+    all_batches = [tuple(b) for r in ranks for b in r]
+    assert len(set(all_batches)) == len(all_batches)  # no batch duplicated across ranks
+
+
+def test_two_ranks_with_few_classes_still_differ():
+    labels = np.repeat(np.arange(4), 10)  # every batch needs all 4 classes
+    ranks = [list(ClassBalancedBatchSampler(labels, 8, 2, seed=0, rank=r, world_size=2, num_batches=6))
+             for r in range(2)]
+    for batch_0, batch_1 in zip(*ranks):
+        check_batch(batch_0, labels, 8, 2)
+        assert sorted(Counter(labels[batch_1].tolist())) == [0, 1, 2, 3]
+        assert not set(batch_0) & set(batch_1)  # enough samples per class: no shared indices
+
+
+def test_drop_last_controls_rank_rounding():
+    labels = make_labels(num_classes=20)  # 3 * 12 = 36 would not split evenly
+    global_batches = len(labels) // 12
+    kept = ClassBalancedBatchSampler(labels, 12, 3, rank=0, world_size=5, drop_last=True)
+    padded = ClassBalancedBatchSampler(labels, 12, 3, rank=0, world_size=5, drop_last=False)
+    assert len(kept) == global_batches // 5
+    assert len(padded) == -(-global_batches // 5)
+
+
+def test_state_dict_resumes_mid_epoch():
+    labels = make_labels()
+    sampler = ClassBalancedBatchSampler(labels, 24, 4, seed=2)
+    sampler.set_epoch(3)
+    full = list(sampler)
+    iterator = iter(sampler)
+    consumed = [next(iterator), next(iterator)]
+    state = sampler.state_dict()
+    assert state == {"seed": 2, "epoch": 3, "next_batch": 2}
+    resumed = ClassBalancedBatchSampler(labels, 24, 4, seed=0)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert consumed + rest == full
+    assert list(resumed) == full  # the following pass is the whole epoch again
+
+
+def test_works_as_dataloader_batch_sampler():
+    labels = make_labels()
+    dataset = torch.utils.data.TensorDataset(torch.arange(len(labels)), torch.as_tensor(labels))
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=ClassBalancedBatchSampler(labels, 16, 4))
+    for indices, batch_labels in loader:
+        assert indices.shape == (16,)
+        assert sorted(Counter(batch_labels.tolist()).values()) == [4, 4, 4, 4]
+
+
+def test_helpful_errors():
+    labels = make_labels(num_classes=5)
+    with pytest.raises(ValueError, match="divisible"):
+        ClassBalancedBatchSampler(labels, batch_size=10, samples_per_class=4)
+    with pytest.raises(ValueError, match="distinct classes"):
+        ClassBalancedBatchSampler(labels, batch_size=24, samples_per_class=4)
+    with pytest.raises(ValueError, match="rank"):
+        ClassBalancedBatchSampler(labels, 8, 4, rank=2, world_size=2)

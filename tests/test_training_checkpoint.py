@@ -1,0 +1,53 @@
+"""Atomic checkpoint writes and the refusal of a checkpoint written under another config."""
+import os
+
+import pytest
+import torch
+
+from pml_hyperbolic.training.checkpoint import CheckpointManager, atomic_torch_save, check_compatible
+from pml_hyperbolic.training.config import ConfigError, config_fingerprint
+
+
+def test_atomic_save_replaces_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"v": 1}, str(path))
+    atomic_torch_save({"v": 2}, str(path))
+    assert torch.load(path)["v"] == 2
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"v": 1}, str(path))
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        atomic_torch_save({"v": Unpicklable()}, str(path))
+    assert torch.load(path)["v"] == 1
+    assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_different_config_is_refused_with_the_differing_keys():
+    saved = {"lr": 3e-5, "batch_size": 294, "epochs": 5}
+    ckpt = {"config_fingerprint": config_fingerprint(saved)}
+    check_compatible(ckpt, {"lr": 3e-5, "batch_size": 294, "epochs": 9}, "x.pt")  # epochs may change
+    with pytest.raises(ConfigError) as err:
+        check_compatible(ckpt, {"lr": 1e-4, "batch_size": 294, "epochs": 5}, "x.pt")
+    msg = str(err.value)
+    assert "lr" in msg and "different configuration" in msg and "--output-dir" in msg
+
+
+def test_resume_without_checkpoint_says_what_to_do(tmp_path):
+    manager = CheckpointManager(str(tmp_path), {})
+    with pytest.raises(ConfigError, match="drop --resume"):
+        manager.resolve("auto")
+
+
+def test_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "other.pt"
+    torch.save({"state_dict": {}}, path)
+    with pytest.raises(ConfigError, match="not a pml-hyperbolic"):
+        CheckpointManager(str(tmp_path), {}).load(str(path))
