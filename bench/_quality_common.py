@@ -24,6 +24,7 @@ Design (CPU budget: the whole method table in about an hour on 2 cores):
 from __future__ import annotations
 
 import copy
+import functools
 import gzip
 import hashlib
 import math
@@ -56,7 +57,7 @@ class BenchConfig:
     backbone: str = "mobilenetv2_100"
     image_size: int = 64
     views: int = 4                 # bank views per training image (view 0 clean, the rest augmented)
-    steps: int = 200
+    steps: int = 120               # full run: ~1 s CPU per step (batch 128, tail trainable)
     batch_size: int = 128
     samples_per_class: int = 4
     lr_tail: float = 3e-4          # last backbone block + conv_head
@@ -65,7 +66,7 @@ class BenchConfig:
     grad_clip: float = 3.0         # Hyp-ViT's gradient-norm clip
     embedding_dim: int = 128
     seeds: tuple = (0, 1, 2)
-    recluster_every: int = 100     # unsupervised rows: pseudo-labels refreshed every N steps
+    recluster_every: int = 60      # unsupervised rows: pseudo-labels refreshed every N steps
     hcl_scenes: int = 1500         # HCL: composed scenes in its bank
     hcl_queue: int = 4096
     threads: int = 2
@@ -164,8 +165,11 @@ def fashion_transforms(image_size, train):
 # ------------------------------------------------------------------------------------- backbone
 
 
+@functools.lru_cache(maxsize=2)
 def split_backbone(name, image_size):
-    """(frozen prefix, trainable tail, feature_dim) of a timm EfficientNet/MobileNet backbone."""
+    """(frozen prefix, tail, feature_dim) of a timm EfficientNet/MobileNet backbone.
+
+    Cached: callers never modify these modules (training works on ``fresh_tail`` copies)."""
     from pml_hyperbolic.backbones import build_backbone
 
     model, dim = build_backbone(name, pretrained="offline")
@@ -223,12 +227,39 @@ def _cache_path(cfg, dataset, extra):
     return os.path.join(cfg.cache_dir, f"bank_{dataset}_{cfg.backbone}_{cfg.image_size}px_{cfg.views}v_{digest}.pt")
 
 
-def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600, 300), use_cache=True, log=print):
-    """Prefix-activation bank of ``dataset`` ("glyphs" or "fashion-mnist"), cached on disk."""
+class _ClassSubset:
+    """The samples of the first ``k`` classes of a dataset (tests / tiny budgets)."""
+
+    def __init__(self, base, k):
+        self.base = base
+        labels = np.asarray(base.labels)
+        self.index = np.flatnonzero(labels < k)
+        self.labels = labels[self.index]
+        for name in ("super_labels", "font_families"):
+            if hasattr(base, name):
+                setattr(self, name, np.asarray(getattr(base, name))[self.index])
+        self.num_classes = int(min(k, labels.max() + 1))
+
+    def __len__(self):
+        return len(self.index)
+
+    def __getitem__(self, i):
+        return self.base[int(self.index[i])]
+
+
+def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600, 300), use_cache=True, log=print,
+               max_classes=None):
+    """Prefix-activation bank of ``dataset`` ("glyphs" or "fashion-mnist"), cached on disk.
+
+    ``max_classes`` keeps only the first classes of every split (tests and smoke runs)."""
     from pml_hyperbolic.data import GlyphDataset, build_transforms
 
+    if dataset not in ("glyphs", "fashion-mnist"):
+        raise ValueError(f"dataset must be 'glyphs' or 'fashion-mnist', got {dataset!r}")
     prefix, tail, dim = split_backbone(cfg.backbone, cfg.image_size)
     extra = f"{fashion_per_class}" if dataset == "fashion-mnist" else "hard-protocol"
+    if max_classes is not None:
+        extra += f"|first{max_classes}"
     path = _cache_path(cfg, dataset, extra)
     if use_cache and os.path.isfile(path):
         state = torch.load(path, map_location="cpu", weights_only=False)
@@ -252,8 +283,10 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
         clean, augment = fashion_transforms(cfg.image_size, False), fashion_transforms(cfg.image_size, True)
         note = (f"Fashion-MNIST ({root}): train classes 0-4 x {fashion_per_class[0]} (train file); test = "
                 f"held-out classes 5-9 x {fashion_per_class[1]} (t10k file), query = reference (leave-one-out)")
-    else:
-        raise ValueError(f"dataset must be 'glyphs' or 'fashion-mnist', got {dataset!r}")
+    if max_classes is not None:
+        train_set, query_set = _ClassSubset(train_set, max_classes), _ClassSubset(query_set, max_classes)
+        gallery_set = None if gallery_set is None else _ClassSubset(gallery_set, max_classes)
+        note += f" [first {max_classes} classes of each split only]"
     log(f"[bank] {dataset}: computing frozen-prefix activations ({len(train_set)} x {cfg.views} train views + "
         f"{len(query_set) + (len(gallery_set) if gallery_set is not None else 0)} eval images) ...")
     views = [run_prefix(prefix, train_set, clean)]
@@ -401,8 +434,13 @@ def train_with_labels(cfg, train, tail, head, loss_fn, miner=None, seed=0, steps
         if relabel is not None:
             sampler_labels, loss_labels = relabel(tail, head)
             chunk = min(chunk, cfg.recluster_every)
-        sampler = ClassBalancedBatchSampler(sampler_labels, cfg.batch_size, cfg.samples_per_class,
-                                            num_batches=chunk, seed=seed * 7919 + done)
+        batch, per_class = cfg.batch_size, cfg.samples_per_class
+        n_classes = len(torch.unique(torch.as_tensor(sampler_labels)))
+        if n_classes * per_class < batch:  # few classes (Fashion-MNIST: 5): every class, more samples each
+            per_class = batch // n_classes
+            batch = per_class * n_classes
+        sampler = ClassBalancedBatchSampler(sampler_labels, batch, per_class, num_batches=chunk,
+                                            seed=seed * 7919 + done)
         tail.eval()
         head.train()
         for idx in sampler:
@@ -445,14 +483,14 @@ def relative_delta(features, n_points=1000, draws=10, seed=0):
         gp = 0.5 * (d[0][None, :] + d[:, 0][:, None] - d)  # Gromov products (x|y)_w, w = point 0
         n = len(sub)
         worst = torch.tensor(0.0, dtype=torch.float64)
-        for s in range(0, n, 32):  # (x|z) >= min((x|y), (y|z)) - δ  ->  δ = max(maxmin - gp)
-            maxmin = torch.minimum(gp[s:s + 32, :, None], gp[None, :, :]).amax(dim=1)
-            worst = torch.maximum(worst, (maxmin - gp[s:s + 32]).max())
+        for s in range(0, n, 8):  # (x|z) >= min((x|y), (y|z)) - δ  ->  δ = max(maxmin - gp)
+            maxmin = torch.minimum(gp[s:s + 8, :, None], gp[None, :, :]).amax(dim=1)
+            worst = torch.maximum(worst, (maxmin - gp[s:s + 8]).max())
         vals.append(float(2 * worst / d.max()))
     return float(np.mean(vals))
 
 
-def suggest_curvature_from_features(features, seed=0, n_points=1000, draws=10):
+def suggest_curvature_from_features(features, seed=0, n_points=2000, draws=5):
     """c = (0.144 / δ_rel)² (Hyp-ViT / Khrulkov et al.); helper-D's ``suggest_curvature`` when present."""
     try:
         from pml_hyperbolic.evaluation import suggest_curvature  # noqa: F401
@@ -460,7 +498,9 @@ def suggest_curvature_from_features(features, seed=0, n_points=1000, draws=10):
         suggest_curvature = None
     if suggest_curvature is not None:
         try:
-            return float(suggest_curvature(torch.as_tensor(features))), "pml_hyperbolic.evaluation.suggest_curvature"
+            n = min(int(n_points), len(features))
+            return (float(suggest_curvature(torch.as_tensor(features), n_samples=n, n_draws=draws, seed=seed)),
+                    f"pml_hyperbolic.evaluation.suggest_curvature, {draws} draws of {n} points")
         except Exception as err:  # noqa: BLE001 - fall back, but say so
             warnings.warn(f"suggest_curvature failed ({err}); using the bench's own δ estimate")
     d_rel = relative_delta(features, n_points=n_points, draws=draws, seed=seed)

@@ -57,7 +57,7 @@ def evaluate(name, featurize, test):
     hard = recall_at_k(features[is_query], features[~is_query], test.labels[is_query], test.labels[~is_query])
     easy = recall_at_k(features, features, test.labels, test.labels, exclude_self=True)
     cells = " ".join(f"{hard[k]:6.3f}" for k in KS)
-    print(f"{name:38s} {cells}   | {easy[1]:6.3f}   ({time.time() - start:5.1f}s)", flush=True)
+    print(f"{name:46s} {cells}   | {easy[1]:6.3f}   ({time.time() - start:5.1f}s)", flush=True)
 
 
 def main():
@@ -74,7 +74,7 @@ def main():
           f"{len(g)} gallery images ({', '.join(sorted(set(g.font_families.tolist())))}), {q.num_classes} held-out characters; "
           f"chance R@1 ~ {1 / q.num_classes:.3f}", flush=True)
     print(f"networks see {args.image_size}px eval transforms; 'test R@1' = all held-out images vs each other")
-    print(f"{'features':38s} {'R@1':>6s} {'R@2':>6s} {'R@4':>6s} {'R@8':>6s}   | test R@1")
+    print(f"{'features':46s} {'R@1':>6s} {'R@2':>6s} {'R@4':>6s} {'R@8':>6s}   | test R@1")
     evaluate("raw pixels (40x40, cosine)", pixel_features, test)
     for arch in ("tf_efficientnet_lite0", "mobilenetv2_100"):
         model, _ = build_backbone(arch, pretrained=False)

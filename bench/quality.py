@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Method comparison on real data: every method against PML's strong baselines (issue 7).
 
-    python bench/quality.py                 # full table: 3 seeds, 200 steps, all rows (~1 h on 2 cores)
-    python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (~5 min)
+    python bench/quality.py                 # full table: 3 seeds, 120 steps, all rows (est. 45-60 min, idle 2 cores)
+    python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
     python bench/quality.py --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
 
 **What is held fixed** (printed in the header of every run):
@@ -14,8 +14,10 @@
   The frozen prefix's activations are computed once per image view (1 clean + 3 augmented views per
   training image, drawn once with a fixed seed) and cached (``--cache-dir``); every method and seed
   trains on the same bank (see ``bench/_quality_common.py``). This is what makes the table fit in an
-  hour on 2 CPU cores; it is not a precomputation of anything a method learns.
-* Images 64 px; 200 steps × batch 128 (32 classes × 4, ``ClassBalancedBatchSampler``); AdamW
+  hour on 2 CPU cores; it is not a precomputation of anything a method learns. Cost measured: ~1 s
+  CPU per training step (batch 128) + ~6 s CPU per evaluation; 13 trained rows × 3 seeds × 120 steps
+  ≈ 5,000 CPU-s, plus ~250 CPU-s for the 4-view bank (cached afterwards).
+* Images 64 px; 120 steps × batch 128 (32 classes × 4, ``ClassBalancedBatchSampler``); AdamW
   (lr 3e-4 tail / 3e-3 head, weight decay 0.01), gradient-norm clip 3; seeds 0, 1, 2.
   ``--quick``: 100 steps, seed 0, a 2-view bank, and only the embedding head trains (on the frozen
   backbone's pooled 1280-d features, computed once from the bank): a plumbing/smoke run, not the table.
@@ -39,7 +41,7 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
 hierarchical log-ratio loss (labels never used: pseudo-labels from ``HierarchicalPseudoLabeler``,
-levels (100, 70, 40, 10), refreshed every 100 steps) · ``unsup_kmeans`` its baseline with the same
+levels (100, 70, 40, 10), refreshed every 60 steps) · ``unsup_kmeans`` its baseline with the same
 budget (k-means k = 100 pseudo-labels + PML ``TripletMarginLoss``) · ``hcl`` HCL on scenes composed
 from the training glyphs (``ComposedGlyphScenes`` of the training package; MoCo + 0.1 × hyperbolic
 scene→object loss, c = 0.05, T = 0.2), evaluated like the recipe: cosine kNN on the glyph protocol.
@@ -287,7 +289,7 @@ def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
     return qc.evaluate(tail, head, bank.query, bank.gallery, c=row.eval_c), extra
 
 
-def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True):
+def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True, max_classes=None):
     """Run every (dataset, row, seed); returns the results dict (also what ``--out`` writes)."""
     results = {"config": qc.config_dict(cfg), "datasets": {}, "notes": []}
     for name in datasets:
@@ -298,7 +300,8 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True)
             results["notes"].append(msg)
             continue
         t0 = time.perf_counter()
-        bank = qc.build_bank(cfg, name, fashion_root=fashion_root, use_cache=use_cache, log=log)
+        bank = qc.build_bank(cfg, name, fashion_root=fashion_root, use_cache=use_cache, log=log,
+                             max_classes=max_classes)
         if cfg.trainable == "head":
             bank = qc.pooled_bank(bank, cfg, use_cache=use_cache)
         log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
@@ -368,6 +371,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--views", type=int, default=None, help="bank views per training image (1 clean + rest augmented)")
+    p.add_argument("--recluster-every", type=int, default=None, help="unsupervised rows: steps between pseudo-labelings")
     p.add_argument("--backbone", default=None, help="mobilenetv2_100 (default) or tf_efficientnet_lite0")
     p.add_argument("--trainable", choices=("tail", "head"), default=None,
                    help="tail: last block + conv_head + head (default); head: embedding head only (--quick)")
@@ -384,7 +388,8 @@ def config_from_args(a):
         cfg.steps, cfg.seeds, cfg.views, cfg.recluster_every, cfg.hcl_scenes = 100, (0,), 2, 50, 512
         cfg.trainable = "head"
     for name, attr in (("steps", "steps"), ("batch_size", "batch_size"), ("image_size", "image_size"),
-                       ("views", "views"), ("backbone", "backbone"), ("trainable", "trainable"), ("threads", "threads"),
+                       ("views", "views"), ("backbone", "backbone"), ("trainable", "trainable"),
+                       ("recluster_every", "recluster_every"), ("threads", "threads"),
                        ("cache_dir", "cache_dir")):
         if getattr(a, name) is not None:
             setattr(cfg, attr, getattr(a, name))

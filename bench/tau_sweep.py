@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Temperature × curvature study (HypMix Fig. 2 on our data): Recall@1 of Sph- and Hyp- embeddings.
 
-    python bench/tau_sweep.py --out-png tau_sweep.png            # 300 steps, seed 0 (~15 min on 2 cores)
-    python bench/tau_sweep.py --quick --out-png tau_sweep.png    # 40 steps (~5 min)
+    python bench/tau_sweep.py --out-png tau_sweep.png            # 300 steps, seed 0 (~30 CPU-min; est. 20 min idle)
+    python bench/tau_sweep.py --quick --out-png tau_sweep.png    # 40 steps (231 CPU-s measured)
 
 Grid: τ ∈ {0.05, 0.1, 0.2, 0.5, 1} × c ∈ {0 (sphere: L2-normalised head, cosine similarity / τ),
 0.01, 0.1, 0.3, 1, c_δ} with c_δ = (0.144 / δ_rel)² suggested by the δ-hyperbolicity of the
@@ -63,7 +63,7 @@ def train_cell(cfg, bank, train, c, tau, seed, steps):
 
 
 def run_sweep(cfg, bank, taus=TAUS, curvatures=CURVATURES, add_delta_c=True, num_val_classes=32, log=print,
-              delta_points=500, delta_draws=5):
+              delta_points=2000, delta_draws=5):
     """Returns dict with the grid, val/test R@1 arrays (rows = c, cols = τ) and c_δ."""
     train, val_q, val_g = qc.carve_validation(bank, num_val_classes=num_val_classes, seed=0)
     cs = [float(c) for c in curvatures]
@@ -121,7 +121,7 @@ def summarize(res):
         hi, hj = np.unravel_index(int(np.nanargmax(hv)), hv.shape)
         hi = hyp[hi]
         verdict = (f"Validation-tuned sphere (τ={taus[sj]:g}): test R@1 {100 * test[si, sj]:.1f}; validation-tuned "
-                   f"hyperbolic ({c_label(cs[hi])}, τ={taus[hj]:g}): test R@1 {100 * test[hi, hj]:.1f}; "
+                   f"hyperbolic ({c_label(round(cs[hi], 3))}, τ={taus[hj]:g}): test R@1 {100 * test[hi, hj]:.1f}; "
                    f"difference {100 * (test[hi, hj] - test[si, sj]):+.1f} points.")
         if 0.2 in taus and 0.1 in cs:
             verdict += (f" At the papers' fixed τ=0.2: sphere {100 * test[si, taus.index(0.2)]:.1f} vs c=0.1 "

@@ -53,6 +53,9 @@ class HypViT(Recipe):
         g.add_argument("--init", default="vit", choices=["vit", "dino"],
                        help="Backbone initialisation: supervised ImageNet ViT-S/16 or DINO (sets lr 1e-5 and the "
                             "timm DINO weights unless --backbone/--lr are given).")
+        g.add_argument("--view-pairs", type=lambda v: str(v).lower() in ("1", "true", "yes", "on"), default=False,
+                       help="The authors' multi-view loss (sum over the m(m-1) ordered view pairs); needs every class "
+                            "exactly m times in the (gathered) batch, so not with DDP when ranks share classes.")
         g.add_argument("--temperature", type=float, default=None,
                        help="Cross-entropy temperature τ (default 0.2 hyperbolic, 0.1 spherical).")
 
@@ -77,10 +80,12 @@ class HypViT(Recipe):
             from pml_hyperbolic.distances import PoincareDistance
 
             tau = self.args.temperature or 0.2
-            return PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.c))
+            return PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.c),
+                                            view_pairs=self.args.view_pairs)
         from pytorch_metric_learning.distances import CosineSimilarity
 
-        return PairwiseCrossEntropyLoss(temperature=self.args.temperature or 0.1, distance=CosineSimilarity())
+        return PairwiseCrossEntropyLoss(temperature=self.args.temperature or 0.1, distance=CosineSimilarity(),
+                                        view_pairs=self.args.view_pairs)
 
 
 if __name__ == "__main__":

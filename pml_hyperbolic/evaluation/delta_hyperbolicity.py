@@ -70,7 +70,17 @@ def _delta_from_distances(D: Tensor, base: int, dtype, block_rows: int, block_co
     if not 0 <= base < n:
         raise ValueError(f"base must index a point (0 <= base < {n}), got {base}")
     G64 = 0.5 * (D[base][:, None] + D[base][None, :] - D)
+    # Pruning bound: for k outside {i, j}, min(G_ik, G_kj) <= min(r_i, r_j) with r_i the largest
+    # off-diagonal entry of row i; k in {i, j} gives exactly G_ij. So a tile whose
+    # max(min(r_i, r_j) - G_ij) cannot beat the best δ so far is skipped. Rows are visited by
+    # decreasing r (a symmetric permutation leaves δ unchanged) so that good δ are found early.
+    off = G64.clone().fill_diagonal_(-math.inf)
+    r = off.max(dim=1).values if n > 1 else torch.zeros(1, dtype=G64.dtype)
+    perm = torch.argsort(r, descending=True)
+    G64 = G64[perm][:, perm]
+    r = r[perm]
     G = G64.to(dtype).contiguous()
+    bound = torch.minimum(r[:, None], r[None, :]) - G64
     best = -math.inf
     buf = torch.empty((block_rows, block_cols, n), dtype=dtype)
     for i0 in range(0, n, block_rows):
@@ -78,6 +88,8 @@ def _delta_from_distances(D: Tensor, base: int, dtype, block_rows: int, block_co
         ni = gi.shape[0]
         # symmetric: tiles with j >= i cover every unordered pair
         for j0 in range((i0 // block_cols) * block_cols, n, block_cols):
+            if best > -math.inf and float(bound[i0 : i0 + ni, j0 : j0 + block_cols].max()) <= best:
+                continue
             gj = G[None, j0 : j0 + block_cols, :]
             nj = gj.shape[1]
             tile = buf[:ni, :nj]

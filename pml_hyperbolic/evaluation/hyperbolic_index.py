@@ -14,24 +14,33 @@ plain (Euclidean) inner product that faiss ``IndexFlatIP`` computes with BLAS. W
 
 Why the float32 scores are re-checked
 -------------------------------------
-Near the boundary :math:`X_0` is large and the float32 score cancels catastrophically (the same
-happens to Euclidean L2 search for close pairs). Every score ``s`` faiss returns obeys the
-rigorous dot-product bound :math:`|\hat s - s| \le \gamma\,|Q|\,|Y_j|` with
-:math:`\gamma = (D + 3)\,u` (u = 2⁻²⁴; D+1 products summed plus the rounding of Q and Y to float32).
-From it each candidate gets an interval :math:`[A^-, A^+]` that surely holds its true A. Then
+Near the boundary :math:`X_0` is large and the float32 score cancels (the same happens to
+Euclidean L2 search for close pairs). Every score ``s`` faiss returns is given an error bound
+:math:`|\hat s - s| \le \gamma\,|Q|\,|Y_j|`, and from it each candidate gets an interval
+:math:`[A^-, A^+]` for its true A. Two error models:
+
+* ``error_model="rigorous"``: :math:`\gamma = (D + 3)\,u` (u = 2⁻²⁴; Higham's worst-case bound
+  for a float32 dot product of length D+1, plus the rounding of Q and Y). A guarantee, but ~10x
+  pessimistic, so nearly every candidate ends up recomputed exactly (slow for large k).
+* ``error_model="typical"`` (default): :math:`\gamma = 2\sqrt{D + 3}\,u`, the random-walk size of
+  float32 summation errors with a 2x margin. Not a worst-case guarantee; the tests and
+  ``bench/knn.py`` check the results against a float64 brute force.
+
+Then
 
 1. candidates whose interval is wider than ``rtol`` (relative, in distance) are recomputed exactly
    (float64, :func:`pml_hyperbolic.poincare_ball.dist`, from the ball coordinates);
-2. candidates whose interval overlaps a neighbour's interval in the sorted list (the order might be
-   wrong) are recomputed exactly too, until no two inexact intervals overlap;
+2. for each of the first k positions, any candidate whose interval reaches below that position's
+   upper end (a possible misordering) is recomputed exactly, until no inexact interval overlaps
+   another (a suffix-minimum test, so non-adjacent overlaps are found too);
 3. *certification*: no reference outside the ``k'`` candidates can beat the k-th one, because its
    score is at most the last candidate's score, so its true A is at least
    :math:`A_{floor} = -cX_0(\hat s_{k'} + \gamma|Q|\max_j|Y_j|)`; we need the k-th candidate's
    :math:`A^+ < A_{floor}`. Queries that fail are searched again with ``k'`` doubled (ultimately
    ``k' = N``, which is trivially complete).
 
-The result equals a float64 brute force (same tie rule) as a set and in order, with distances to
-``rtol`` relative (exactly recomputed ones to float64 rounding).
+Under the error model, the result equals a float64 brute force (same tie rule) as a set and in
+order, with distances to ``rtol`` relative (exactly recomputed ones to float64 rounding).
 
 Ties are broken by the smaller reference index (the result is sorted by ``(distance, index)``).
 Exact ties are only possible between exactly recomputed candidates (an inexact interval that
@@ -94,6 +103,11 @@ class HyperbolicIndex:
         hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
             the number of candidates.
         project: project inputs onto the ball first (points on/outside the ball have no distance).
+        post_threads: torch intra-op threads for the work around the faiss calls (lift, exact
+            distances of the k candidates, sorting); ``None`` keeps torch's setting. That work is
+            small memory-bound element-wise passes; measured on a loaded 2-core machine, 2 threads
+            made it ~3x slower than 1 (barrier waits), so the default is 1. faiss itself runs
+            with the thread count that was set before the call.
 
     Example:
         >>> index = HyperbolicIndex(c=0.1)
@@ -105,7 +119,7 @@ class HyperbolicIndex:
         self,
         c: float = 0.1,
         kind: str = "flat",
-        rtol: float = 2e-6,
+        rtol: float = 1e-5,
         batch_size: int = 4096,
         margin: Optional[int] = None,
         use_gpu: Optional[bool] = None,
@@ -113,6 +127,7 @@ class HyperbolicIndex:
         hnsw_m: int = 32,
         ef_search: int = 128,
         project: bool = True,
+        post_threads: Optional[int] = 1,
     ):
         self.c = float(pb.as_curvature(c, torch.float64))
         if kind not in ("flat", "hnsw"):
@@ -136,6 +151,9 @@ class HyperbolicIndex:
         self.hnsw_m = int(hnsw_m)
         self.ef_search = int(ef_search)
         self.project = project
+        if post_threads is not None and int(post_threads) < 1:
+            raise ValueError(f"post_threads must be None or >= 1, got {post_threads}")
+        self.post_threads = None if post_threads is None else int(post_threads)
         self.reset()
 
     # ------------------------------------------------------------------ building
@@ -143,8 +161,11 @@ class HyperbolicIndex:
         """Empty the index."""
         self._ball = None  # float64 (N, D) reference ball coordinates (exact recomputation)
         self._norms = None  # float64 (N,) |Y_j| of the float32 lifted vectors
+        self._bball = None  # float64 (N,) 1 - c|y_j|^2
+        self._ball32 = None  # float32 copy of _ball when that is exact (float32 inputs)
         self._index = None
         self._dim = None
+        self._mips_m = None
 
     @property
     def ntotal(self) -> int:
@@ -160,7 +181,10 @@ class HyperbolicIndex:
         if self.kind == "flat":
             index = faiss.IndexFlatIP(dim)
         else:
-            index = faiss.IndexHNSWFlat(dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            # maximum inner product -> nearest neighbour (L2) with one extra coordinate
+            # sqrt(M^2 - |Y|^2), so that |Q' - Y'|^2 = |Q|^2 + M^2 - 2 Q.Y; HNSW graphs work far
+            # better for L2 than for raw inner products.
+            index = faiss.IndexHNSWFlat(dim + 1, self.hnsw_m)
         if self._want_gpu():  # pragma: no cover - no GPU in CI
             index = faiss.index_cpu_to_all_gpus(index)
         return index
@@ -173,6 +197,18 @@ class HyperbolicIndex:
 
     def add(self, reference) -> "HyperbolicIndex":
         """Add reference points (N × D ball coordinates), in batches."""
+        faiss_threads = faiss.omp_get_max_threads()
+        torch_threads = torch.get_num_threads()
+        self._faiss_threads = faiss_threads
+        try:
+            if self.post_threads is not None:
+                torch.set_num_threads(self.post_threads)
+            return self._add(reference)
+        finally:
+            torch.set_num_threads(torch_threads)
+            faiss.omp_set_num_threads(faiss_threads)
+
+    def _add(self, reference) -> "HyperbolicIndex":
         ref = self._prepare(reference, "reference")
         if ref.shape[0] == 0:
             raise ValueError("reference is empty: cannot add 0 points")
@@ -188,15 +224,40 @@ class HyperbolicIndex:
         for start in range(0, ref.shape[0], 65536):
             _, Y = _lift(ref[start : start + 65536], self.c)
             Y32 = Y.to(torch.float32)
-            norms.append(torch.linalg.vector_norm(Y32.double(), dim=1))
+            nrm = torch.linalg.vector_norm(Y32.double(), dim=1)
+            norms.append(nrm)
+            if self.kind == "hnsw":
+                if self._mips_m is None:
+                    self._mips_m = 2.0 * float(nrm.max())
+                if float(nrm.max()) > self._mips_m:
+                    raise ValueError("hnsw index: a later add() holds points much nearer the boundary "
+                                     "than the first; rebuild the index with all points")
+                extra = (self._mips_m ** 2 - nrm ** 2).clamp_min(0).sqrt().to(torch.float32)
+                Y32 = torch.cat([Y32, extra[:, None]], dim=1)
             self._index.add(np.ascontiguousarray(Y32.numpy()))
         norms = torch.cat(norms)
         self._ball = ref if self._ball is None else torch.cat([self._ball, ref])
+        # 1 - c|y|^2 of every reference, for the exact distances of the candidates
+        self._bball = (1 - self.c * (self._ball * self._ball).sum(1)).clamp_min(
+            torch.finfo(torch.float64).tiny)
+        self._ball32 = None  # float32 copy, made on first use (_get_ball32)
         self._norms = norms if self._norms is None else torch.cat([self._norms, norms])
         return self
 
     # ------------------------------------------------------------------ search
     def search(self, query, k: int, query_ids: Optional[Tensor] = None):
+        faiss_threads = faiss.omp_get_max_threads()
+        torch_threads = torch.get_num_threads()
+        self._faiss_threads = faiss_threads
+        try:
+            if self.post_threads is not None:
+                torch.set_num_threads(self.post_threads)
+            return self._search(query, k, query_ids)
+        finally:
+            torch.set_num_threads(torch_threads)
+            faiss.omp_set_num_threads(faiss_threads)
+
+    def _search(self, query, k: int, query_ids: Optional[Tensor] = None):
         """k nearest references of every query, ascending Poincaré distance.
 
         Args:
@@ -242,15 +303,30 @@ class HyperbolicIndex:
         return out_d.to(device), out_i.to(device)
 
     def _faiss_search(self, Q32: np.ndarray, kk: int):
+        # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
+        post = torch.get_num_threads()
+        faiss.omp_set_num_threads(getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
+        try:
+            return self._faiss_search_inner(Q32, kk)
+        finally:
+            torch.set_num_threads(post)
+
+    def _faiss_search_inner(self, Q32: np.ndarray, kk: int):
         if self.kind == "hnsw":
             self._index.hnsw.efSearch = max(self.ef_search, kk)
+            Qa = np.concatenate([Q32, np.zeros((Q32.shape[0], 1), np.float32)], axis=1)
+            l2, i = self._index.search(np.ascontiguousarray(Qa), kk)
+            qn2 = (Q32.astype(np.float64) ** 2).sum(1, keepdims=True)
+            s = (qn2 + self._mips_m ** 2 - l2) / 2  # back to the inner product
+            return torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
         s, i = self._index.search(Q32, kk)
         return torch.from_numpy(s), torch.from_numpy(i)
 
     def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor]):
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
-        margin = self.margin if self.margin is not None else max(16, k // 16)
+        # a few candidates past k are enough for the gap test of the certification to succeed
+        margin = self.margin if self.margin is not None else max(8, k // 32)
         kk = min(n, kk_needed + margin)
         X0, X = _lift(q, self.c)
         Q = X / X0[:, None]
@@ -261,6 +337,15 @@ class HyperbolicIndex:
         res_d = torch.empty((B, k), dtype=torch.float64)
         res_i = torch.empty((B, k), dtype=torch.int64)
         todo = torch.arange(B)
+        if self.kind == "flat":
+            # fast path: one faiss call, O(B·k') vectorised work; rows it cannot certify (rare)
+            # go to the general loop below with more candidates
+            s, idx = self._faiss_search(np.ascontiguousarray(Q32.numpy()), kk)
+            d, i, ok = self._fast_refine(q, X0, qnorm, s, idx, k, ids, complete=(kk >= n))
+            res_d[ok] = d[ok]
+            res_i[ok] = i[ok]
+            todo = todo[~ok]
+            kk = min(n, 2 * kk)
         while todo.numel() > 0:
             s, idx = self._faiss_search(np.ascontiguousarray(Q32[todo].numpy()), kk)
             d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k,
@@ -271,12 +356,206 @@ class HyperbolicIndex:
             kk = min(n, 2 * kk)
         return res_d.to(torch.float32), res_i
 
+    def _fast_refine(self, q, X0, qnorm, s32, idx, k, ids, complete):
+        r"""Certified exact top-k from one faiss result (flat index), O(B·k) vectorised work.
+
+        *Set.* Every float32 score of query q (returned by faiss or not) is within the
+        closed-form per-query bound :math:`e_q = \gamma\,|Q_q|\max_j|Y_j|` of the true score.
+        The first k candidates all have true score :math:`\ge \hat s_{k-1} - e_q`; a candidate
+        (or a non-candidate, whose float32 score is :math:`\le \hat s_{last}`) with
+        :math:`\hat s < \hat s_{k-1} - 2e_q` is beaten by all of them. So the set is certified
+        when :math:`\hat s_{last} < \hat s_{k-1} - 2e_q`, and only the first k candidates plus
+        the few later ones ("tail") with :math:`\hat s \ge \hat s_{k-1} - 2e_q` can be in it.
+
+        *Distances and order.* The lifted float32 score gives distances only to ~1e-5 relative
+        (it cancels near the boundary), so the first k candidates get their distance from the ball
+        coordinates, :math:`\frac{2}{\sqrt c}\operatorname{arsinh}(\sqrt c\|x-y\|/\sqrt{b_xb_y})`:
+        in float32 differences and norms when the (projected) inputs are float32 numbers (relative
+        error :math:`\le \kappa` = ``_kappa()``: each difference is rounded once, the sum of D
+        squares at most D times), else in float64. Tail candidates are computed in float64. Rows
+        are sorted by (distance, index); adjacent entries closer than their error bars
+        (:math:`\kappa d` each; the bars' ends increase with d, so adjacent tests find every
+        overlap) are recomputed in float64 and their rows re-sorted.
+
+        Returns (distances (B×k) float64, indices (B×k), ok (B,)).
+        """
+        s_last = s32[:, -1]
+        if ids is not None:
+            s32, idx = _drop_self(s32, idx, ids)
+        B, kk = idx.shape
+        s = s32.double()
+        e = self._gamma() * qnorm * float(self._norms.max())
+        bar = s[:, k - 1] - 2.0 * e
+        if self.error_model == "typical":
+            return self._score_refine(q, X0, s, idx, k, e, bar, s_last, complete)
+        fast32 = self._get_ball32() is not None and self._kappa() < self.rtol
+        if fast32:
+            q32 = q.to(torch.float32)
+            fast32 = torch.equal(q32.double(), q)
+        d = torch.full((B, kk), math.inf, dtype=torch.float64)
+        d[:, :k] = self._dist_rows32(q32, q, idx[:, :k]) if fast32 else self._exact_rows(q, idx[:, :k])
+        tail = s[:, k:] >= bar[:, None]  # later candidates that may still enter the top k
+        if tail.any():
+            r, p = tail.nonzero(as_tuple=True)
+            p = p + k
+            d[r, p] = self._exact_pairs(q, r, idx[r, p])
+        width = k + (int(tail.sum(1).max()) if tail.any() else 0)  # tail is contiguous from k
+        width = min(width + 1, kk)  # one more, for the (k-1, k) comparison
+        d, idx = d[:, :width], idx[:, :width]
+        # faiss returns candidates in (almost) the right order: sort only rows that need it
+        # (exact ties go by index: argsort by index, then stable by distance)
+        perm = torch.arange(width).expand(B, width)
+        unsorted = ~(d[:, 1:] > d[:, :-1]).all(dim=1)
+        if unsorted.any():
+            perm = perm.clone()
+            rr = unsorted.nonzero(as_tuple=True)[0]
+            perm[rr] = _sort_by_dist_index(d[rr], idx[rr])
+        d, idx = d.gather(1, perm), idx.gather(1, perm)
+        if fast32:
+            # adjacent pairs (within the first k + 1) whose error bars touch: recompute exactly
+            kap = self._kappa()
+            lim = min(k + 1, width)
+            close = (d[:, 1:lim] * (1 - kap)) <= (d[:, : lim - 1] * (1 + kap))
+            if close.any():
+                mark = torch.zeros((B, width), dtype=torch.bool)
+                mark[:, : lim - 1] |= close
+                mark[:, 1:lim] |= close
+                r, p = mark.nonzero(as_tuple=True)
+                d[r, p] = self._exact_pairs(q, r, idx[r, p])
+                rr = mark.any(dim=1).nonzero(as_tuple=True)[0]
+                pr = _sort_by_dist_index(d[rr], idx[rr])
+                d[rr], idx[rr] = d[rr].gather(1, pr), idx[rr].gather(1, pr)
+        out_d, out_i = d[:, :k].contiguous(), idx[:, :k].contiguous()
+        if complete:
+            return out_d, out_i, torch.ones(B, dtype=torch.bool)
+        ok = (s_last.double() < bar) & ~tail[:, -1] if kk > k else s_last.double() < bar
+        return out_d, out_i, ok
+
+    def _score_refine(self, q, X0, s, idx, k, e, bar, s_last, complete):
+        r"""``error_model="typical"``: order and distances from the float32 scores themselves,
+        float64 recomputation only where they cannot decide (a few % of the pairs).
+
+        Scores are sorted, so two candidates can be misordered only inside a *cluster*: a run of
+        adjacent positions with gaps :math:`\le 2e_q` (a closer non-adjacent pair implies a
+        close adjacent one). Cluster members among the first k (+ the tail, which always lies in
+        the cluster of position k-1) are recomputed in float64 and their rows sorted by
+        (distance, index), exact distances inside clusters and
+        :math:`\operatorname{arcosh}(-cX_0\hat s)/\sqrt c` elsewhere (a member's true value
+        stays on its side of every gap :math:`> 2e_q`, so mixing keeps the order). Returned
+        distances from scores whose interval is wider than ``rtol`` relative are recomputed too.
+        """
+        c = self.c
+        sqrt_c = math.sqrt(c)
+        B, kk = idx.shape
+        tail = s[:, k:] >= bar[:, None]
+        ntail = tail.sum(1)
+        width = min(kk, k + int(ntail.max()) + 1)
+        s, idx = s[:, :width], idx[:, :width]
+        region = torch.arange(width)[None, :] < (k + ntail)[:, None]
+        close = (s[:, :-1] - s[:, 1:]) <= (2.0 * e)[:, None]
+        mark = torch.zeros((B, width), dtype=torch.bool)
+        mark[:, :-1] |= close
+        mark[:, 1:] |= close
+        mark &= region
+        cx0 = c * X0[:, None]
+        d = torch.acosh((-cx0 * s).clamp_min(1.0)) / sqrt_c
+        if mark.any():
+            r, p = mark.nonzero(as_tuple=True)
+            d[r, p] = self._exact_pairs(q, r, idx[r, p])
+            rr = mark.any(dim=1).nonzero(as_tuple=True)[0]
+            dr = torch.where(region[rr], d[rr], math.inf)
+            pr = _sort_by_dist_index(dr, idx[rr])
+            mark[rr] = mark[rr].gather(1, pr)
+            d[rr], idx[rr], s[rr] = dr.gather(1, pr), idx[rr].gather(1, pr), s[rr].gather(1, pr)
+        out_d, out_i = d[:, :k].contiguous(), idx[:, :k].contiguous()
+        # accuracy of the distances taken from scores
+        sk, ex = s[:, :k], mark[:, :k]
+        lo = torch.acosh((-cx0 * (sk + e[:, None])).clamp_min(1.0))
+        hi = torch.acosh((-cx0 * (sk - e[:, None])).clamp_min(1.0))
+        wide = ((hi - lo) / sqrt_c > self.rtol * out_d) & ~ex
+        if wide.any():
+            r, p = wide.nonzero(as_tuple=True)
+            # only accuracy is at stake here (the order is settled): the float32 ball formula
+            # (relative error _kappa() < rtol) is enough when the inputs are float32 numbers
+            ball32 = self._get_ball32() if self._kappa() < self.rtol else None
+            if ball32 is not None and not torch.equal(q.to(torch.float32).double(), q):
+                ball32 = None
+            out_d[r, p] = self._exact_pairs(q, r, out_i[r, p], ball=ball32)
+        if complete:
+            return out_d, out_i, torch.ones(B, dtype=torch.bool)
+        ok = (s_last.double() < bar) & ~tail[:, -1] if kk > k else s_last.double() < bar
+        return out_d, out_i, ok
+
+    def _get_ball32(self):
+        """float32 copy of the references if it is exact (float32 inputs), else None; cached."""
+        if self._ball32 is None:
+            ball32 = self._ball.to(torch.float32)
+            self._ball32 = ball32 if torch.equal(ball32.double(), self._ball) else False
+        return self._ball32 if self._ball32 is not False else None
+
+    def _kappa(self) -> float:
+        """Relative error bound of the float32 ball-coordinate distance (see _fast_refine)."""
+        D = self._dim
+        if self.error_model == "rigorous":  # D roundings in the sum of squares (halved by sqrt)
+            return (D / 2 + 3) * _U32 * 1.01 + 1e-12
+        return 2.0 * (math.sqrt(D) + 3) * _U32 + 1e-12
+
+    def _dist_rows32(self, q32: Tensor, q: Tensor, idx: Tensor) -> Tensor:
+        """Distances of a (B × k) index matrix: float32 differences/norms, float64 rest."""
+        c = self.c
+        B, kk = idx.shape
+        D = q.shape[1]
+        bq = (1 - c * (q * q).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
+        out = torch.empty((B, kk), dtype=torch.float64)
+        step = max(1, (1 << 23) // max(1, kk * D))
+        for a in range(0, B, step):
+            ii = idx[a : a + step]
+            diff = self._get_ball32().index_select(0, ii.reshape(-1)).view(ii.shape[0], kk, D)
+            diff.sub_(q32[a : a + step, None, :])
+            n = torch.linalg.vector_norm(diff, dim=2).double()
+            out[a : a + step] = n / torch.sqrt(bq[a : a + step, None] * self._bball[ii])
+        return torch.asinh_(out.mul_(math.sqrt(c))).mul_(2 / math.sqrt(c))
+
+    def _exact_pairs(self, q: Tensor, rows: Tensor, cols: Tensor, ball=None) -> Tensor:
+        """Distances of (query row, reference index) pairs, same formula as :meth:`_exact_rows`;
+        float64 unless ``ball`` = the float32 copy is given (relative error ``_kappa()``)."""
+        c = self.c
+        ball = self._ball if ball is None else ball
+        x = q.index_select(0, rows)
+        bq = (1 - c * (x * x).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
+        diff = ball.index_select(0, cols)
+        diff.sub_(x.to(ball.dtype))
+        n = torch.linalg.vector_norm(diff, dim=1).double()
+        z = n.mul_(math.sqrt(c)).div_(torch.sqrt(bq.mul_(self._bball.index_select(0, cols))))
+        return torch.asinh_(z).mul_(2 / math.sqrt(c))
+
+    def _exact_rows(self, q: Tensor, idx: Tensor) -> Tensor:
+        r"""float64 :math:`d_c(q_b, y_{idx[b, j]})` for a (B × k') index matrix, as in
+        :func:`pml_hyperbolic.poincare_ball.dist`:
+        :math:`\frac{2}{\sqrt c}\operatorname{arsinh}(\sqrt c\,\|x-y\| / \sqrt{b_x b_y})`,
+        :math:`b = 1 - c\|\cdot\|^2`, from explicit differences (exact for close pairs), in
+        chunks of queries so that the gathered block stays ~32 MB."""
+        c = self.c
+        B, kk = idx.shape
+        D = q.shape[1]
+        bq = (1 - c * (q * q).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
+        out = torch.empty((B, kk), dtype=torch.float64)
+        step = max(1, (1 << 22) // max(1, kk * D))
+        for a in range(0, B, step):
+            ii = idx[a : a + step]
+            # index_select on the flat index + in-place difference: ~2x faster than y[ii] - x
+            diff = self._ball.index_select(0, ii.reshape(-1)).view(ii.shape[0], kk, D)
+            diff.sub_(q[a : a + step, None, :])
+            n2 = torch.linalg.vector_norm(diff, dim=2)
+            out[a : a + step] = n2 / torch.sqrt(bq[a : a + step, None] * self._bball[ii])
+        return torch.asinh_(out.mul_(math.sqrt(c))).mul_(2 / math.sqrt(c))
+
     def _gamma(self) -> float:
         d1 = self._dim + 1
         if self.error_model == "rigorous":  # worst-case float32 dot product (Higham's γ_n)
             return (d1 + 2) * _U32 * 1.01
-        # typical: rounding errors of a length-n float32 sum grow like sqrt(n) u; 8x margin
-        return 8.0 * math.sqrt(d1 + 2) * _U32
+        # typical: rounding errors of a length-n float32 sum grow like sqrt(n) u (random-walk model)
+        return 2.0 * math.sqrt(d1 + 2) * _U32
 
     def _exact(self, q: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
         """float64 Poincaré distances of the (query row, reference index) pairs."""
@@ -390,7 +669,15 @@ def _drop_self(s: Tensor, idx: Tensor, ids: Tensor):
     column instead, so that every row keeps kk - 1 candidates in score order."""
     B, kk = idx.shape
     is_self = idx == ids[:, None]
-    has = is_self.any(dim=1)
-    is_self[~has, kk - 1] = True
-    keep = ~is_self
-    return s[keep].view(B, kk - 1), idx[keep].view(B, kk - 1)
+    # position of the self entry, kk - 1 where absent; keep columns j < pos and j + 1 >= pos
+    pos = torch.where(is_self.any(dim=1), is_self.to(torch.uint8).argmax(dim=1), kk - 1)
+    cols = torch.arange(kk - 1).expand(B, kk - 1)
+    cols = cols + (cols >= pos[:, None]).to(cols.dtype)
+    return s.gather(1, cols), idx.gather(1, cols)
+
+
+def _sort_by_dist_index(d: Tensor, idx: Tensor) -> Tensor:
+    """Row-wise permutation sorting by (distance, index)."""
+    by_idx = torch.argsort(idx, dim=1)
+    order = torch.argsort(d.gather(1, by_idx), dim=1, stable=True)
+    return by_idx.gather(1, order)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+from pytorch_metric_learning.reducers import MultipleReducers
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 
@@ -67,3 +68,17 @@ def similarity_logits(mat: torch.Tensor, is_inverted: bool) -> torch.Tensor:
     """Larger = more similar: −D for distances, the similarity itself for inverted distances."""
     mat = as_compute(mat)
     return mat if is_inverted else -mat
+
+
+def sub_loss_reducer_type(loss_fn, name: str = "loss") -> type:
+    """Type of the reducer PML will apply to sub-loss ``name`` (looks inside ``MultipleReducers``,
+    which PML builds as soon as a loss has several sub-losses, e.g. with an embedding regularizer).
+
+    Losses use it to reduce dense formulations themselves ("already_reduced") when the reducer
+    is exactly a plain mean (``MeanReducer``) or mean-over-non-zero (``AvgNonZeroReducer``), and to
+    list every element for any other reducer (subclasses included: they may weight elements).
+    """
+    reducer = loss_fn.reducer
+    if isinstance(reducer, MultipleReducers):
+        reducer = reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
+    return type(reducer)

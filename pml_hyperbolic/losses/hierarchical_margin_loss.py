@@ -6,7 +6,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer
 
 from ..distances import PoincareDistance
-from ._common import as_compute, check_nonnegative, pair_masks
+from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
 
 
 class HierarchicalMarginLoss(BaseMetricLossFunction):
@@ -23,12 +23,15 @@ class HierarchicalMarginLoss(BaseMetricLossFunction):
 
     The paper says the margins "can be integrated into any metric loss"; we integrate them into the
     contrastive (pair) loss — PML ``ContrastiveLoss``'s form, with sub-losses ``pos_loss`` and
-    ``neg_loss`` and the same default ``AvgNonZeroReducer``.
+    ``neg_loss`` and the same default ``AvgNonZeroReducer``. With that reducer and no
+    ``indices_tuple`` both sub-losses are reduced on the dense (B, R) hinge matrices (sum over
+    count of non-zero entries) and returned "already_reduced" — same values, no pair lists; any
+    other reducer receives every pair.
 
     **Running estimates.** Buffers ``intra_mean`` (C,) and ``inter_mean`` (C, C) (with ``*_seen``
     flags) hold exponential moving averages. Each training-mode forward computes the batch's
     class-pair means from the *detached* distance matrix (pairs between ``embeddings`` and
-    ``ref_emb``; self-pairs excluded) and, for every (class, class) pair present, sets
+    ``ref_emb``; self-pairs excluded; per-class sums by ``index_add``) and, for every (class, class) pair present, sets
     ``est ← momentum·est + (1 − momentum)·batch`` (or ``est ← batch`` the first time). The margins
     use the updated estimates; classes never seen with ≥ 2 samples have d_a = 0. In eval mode the
     buffers are frozen. They are registered buffers, so ``state_dict`` checkpoints them.
@@ -84,17 +87,21 @@ class HierarchicalMarginLoss(BaseMetricLossFunction):
         self._check_range(ref_labels, "ref_labels")
         pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         mat = as_compute(self.distance(embeddings, ref_emb))
+        same = ref_emb is embeddings
         # batch class-pair means over all distinct (query, ref) pairs, compact class ids
         classes, inv = torch.unique(torch.cat([labels, ref_labels]), return_inverse=True)
         qi, ri = inv[: labels.numel()], inv[labels.numel():]
         Cb = classes.numel()
-        Yq = torch.nn.functional.one_hot(qi, Cb).to(mat.dtype)
-        Yr = torch.nn.functional.one_hot(ri, Cb).to(mat.dtype)
-        valid = torch.ones_like(mat)
-        if ref_emb is embeddings:
-            valid.fill_diagonal_(0)
-        sums = Yq.T @ (mat.detach() * valid) @ Yr
-        cnt = Yq.T @ valid @ Yr
+        with torch.no_grad():
+            # Σ of D over (class a rows, class b columns): two index_adds, no one-hot products
+            row_sums = mat.new_zeros(Cb, mat.shape[1]).index_add_(0, qi, mat)
+            sums = mat.new_zeros(Cb, Cb).index_add_(1, ri, row_sums)
+            n_q = torch.bincount(qi, minlength=Cb).to(mat.dtype)
+            n_r = torch.bincount(ri, minlength=Cb).to(mat.dtype)
+            cnt = torch.outer(n_q, n_r)
+            if same:  # self-pairs excluded: their D (0 for a true distance) and their count
+                sums.diagonal().sub_(mat.new_zeros(Cb).index_add_(0, qi, mat.diagonal()))
+                cnt.diagonal().sub_(n_q)
         sums, cnt = (sums + sums.T) / 2, (cnt + cnt.T) / 2  # d_ab is symmetric
         batch_mean = sums / cnt.clamp_min(1)
         present = cnt > 0
@@ -117,15 +124,31 @@ class HierarchicalMarginLoss(BaseMetricLossFunction):
         else:
             d_ab = batch_mean.to(buf_dtype)
         d_a, d_ab = d_a.to(mat.dtype), d_ab.to(mat.dtype)
+        if not (bool(pos.any()) or bool(neg.any())):
+            return self.zero_losses()
+        pos_margin = d_a[qi] + self.gamma  # (B,) M_p of each query's class
+        if indices_tuple is None and all(sub_loss_reducer_type(self, name) is AvgNonZeroReducer
+                                         for name in self._sub_loss_names()):
+            return self._dense_avg_non_zero(mat, pos, neg, pos_margin, d_ab.index_select(0, qi)[:, ri])
         a1, p = torch.where(pos)
         a2, n = torch.where(neg)
-        if a1.numel() == 0 and a2.numel() == 0:
-            return self.zero_losses()
-        pos_margin = d_a[qi[a1]] + self.gamma
         neg_margin = d_ab[qi[a2], ri[n]] - d_a[qi[a2]] + self.gamma
-        pos_losses = torch.relu(mat[a1, p] - pos_margin)
+        pos_losses = torch.relu(mat[a1, p] - pos_margin[a1])
         neg_losses = torch.relu(neg_margin - mat[a2, n])
         return {
             "pos_loss": {"losses": pos_losses, "indices": (a1, p), "reduction_type": "pos_pair"},
             "neg_loss": {"losses": neg_losses, "indices": (a2, n), "reduction_type": "neg_pair"},
         }
+
+    def _dense_avg_non_zero(self, mat, pos, neg, pos_margin, d_ab_pairs):
+        """Both sub-losses on the (B, R) matrix, each reduced as AvgNonZeroReducer would
+        (mean over its non-zero hinges, 0 if none) without listing pairs: returned "already_reduced"."""
+        pos_hinge = (mat - pos_margin.view(-1, 1)).clamp_min(0).masked_fill(~pos, 0.0)
+        neg_margin = d_ab_pairs - (pos_margin - self.gamma).view(-1, 1) + self.gamma  # d_ab − d_a + γ
+        neg_hinge = (neg_margin - mat).clamp_min(0).masked_fill(~neg, 0.0)
+        out = {}
+        for name, hinge in (("pos_loss", pos_hinge), ("neg_loss", neg_hinge)):
+            n_active = torch.count_nonzero(hinge)
+            value = hinge.sum() / n_active.clamp_min(1).to(hinge.dtype)
+            out[name] = {"losses": value, "indices": None, "reduction_type": "already_reduced"}
+        return out

@@ -6,7 +6,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
-from ._common import as_compute, check_positive, pair_masks, similarity_logits
+from ._common import check_positive, pair_masks, similarity_logits
 
 
 class PairwiseCrossEntropyLoss(BaseMetricLossFunction):
@@ -38,9 +38,12 @@ class PairwiseCrossEntropyLoss(BaseMetricLossFunction):
             classes and the m(m−1) terms are **summed**. Each sample's element loss is
             m·Σ_w ℓ(v→w), so the default MeanReducer returns exactly that sum. With m = 2 this is
             exactly 2 × the default (mean) formulation. ``ref_emb`` and ``indices_tuple`` are not
-            supported in this mode (ValueError).
+            supported in this mode (ValueError). Computed without a loop over view pairs: with
+            :math:`L_{a,u} = \log\sum_{k \in \text{view } u,\, k \ne a} e^{\text{logit}_{ak}}`
+            (one (B, m) per-view log-sum-exp after one regrouping copy of the logits), the
+            denominator of (v → w) for anchor a is ``logaddexp(L[a, v], L[a, w])``: O(B²) + O(B·m).
 
-    Memory: one (B, R) logit matrix (PML's ``NTXentLoss`` builds O(B³)).
+    Memory: one (B, R) logit matrix (PML's ``NTXentLoss`` builds O(B³)); two with ``view_pairs``.
     """
 
     def __init__(self, temperature=0.2, view_pairs=False, **kwargs):
@@ -84,30 +87,36 @@ class PairwiseCrossEntropyLoss(BaseMetricLossFunction):
         if labels.ndim != 1 or labels.shape[0] != B:
             raise ValueError(f"labels must be a 1-D tensor of length {B}")
         classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        if classes.numel() < 1:
+            return self.zero_losses()
         m = int(counts[0])
         if not bool((counts == m).all()) or m < 2:
             raise ValueError("labels: view_pairs=True needs every class exactly m >= 2 times, "
                              f"got counts {counts.tolist()}")
-        if classes.numel() < 1:
-            return self.zero_losses()
         # view index of each sample = its occurrence rank within its class (stable batch order)
         order = torch.sort(inverse, stable=True).indices
         view_of = torch.empty_like(inverse)
         view_of[order] = torch.arange(B, device=labels.device) % m
         member = torch.empty(classes.numel(), m, dtype=torch.long, device=labels.device)
         member[inverse[order], view_of[order]] = order
+        C = classes.numel()
         logits = self.logits(embeddings, embeddings)
-        per_sample = logits.new_zeros(B)
-        not_self = ~torch.eye(B, dtype=torch.bool, device=logits.device)
-        for v in range(m):
-            for w in range(m):
-                if v == w:
-                    continue
-                anchors, positives = member[:, v], member[:, w]
-                keep = ((view_of == v) | (view_of == w)).view(1, -1) & not_self[anchors]
-                rows = logits[anchors]
-                lse = torch.logsumexp(rows.masked_fill(~keep, float("-inf")), dim=1)
-                term = lse - rows.gather(1, positives.view(-1, 1)).squeeze(1)
-                per_sample = per_sample.index_add(0, anchors, m * term)
+        # Columns regrouped view-major: grouped[a, u, k] = logits[a, member[k, u]], one copy of
+        # the (B, B) matrix; the anchor itself is then masked out of its own view.
+        grouped = logits[:, member.T.reshape(-1)].view(B, m, C)
+        rows = torch.arange(B, device=logits.device)
+        grouped[rows, view_of, inverse] = float("-inf")
+        # (B, m) per-view log-sum-exp of each row, self excluded: O(B²) once.
+        view_lse = torch.logsumexp(grouped, dim=2)
+        # Anchor a (view v), positive view w: denominator = views v and w minus a, i.e.
+        # logaddexp(view_lse[a, v], view_lse[a, w]); positive logit = grouped[a, w, class(a)].
+        # Column w = v is no pair: its inputs are neutralised before use (a class alone in the
+        # batch has an empty own view, logaddexp(-inf, -inf) would give a NaN gradient).
+        is_own = view_of.view(-1, 1) == torch.arange(m, device=logits.device)
+        own = view_lse.gather(1, view_of.view(-1, 1))
+        other = view_lse.masked_fill(is_own, 0.0)
+        positive = grouped.gather(2, inverse.view(B, 1, 1).expand(B, m, 1)).squeeze(2).masked_fill(is_own, 0.0)
+        terms = (torch.logaddexp(own, other) - positive).masked_fill(is_own, 0.0)  # (B, m)
+        per_sample = m * terms.sum(dim=1)
         idx = torch.arange(B, device=embeddings.device)
         return {"loss": {"losses": per_sample, "indices": idx, "reduction_type": "element"}}

