@@ -116,3 +116,37 @@ def test_bad_inputs():
         HyperbolicKNN(c=-1.0)
     with pytest.raises(ValueError, match="kind"):
         HyperbolicIndex(kind="ivf")
+
+
+@pytest.mark.parametrize("model", ["typical", "rigorous"])
+def test_float64_inputs_take_the_float64_paths(model):
+    # float64 points are not float32 numbers: no float32 distance shortcut may be used
+    q = ball_points(120, 9, 0.3, 0.99, seed=11).double() * (1 - 1e-9)
+    r = ball_points(400, 9, 0.3, 0.99, seed=12).double() * (1 - 1e-9)
+    d, i = HyperbolicIndex(c=0.3, error_model=model).add(r).search(q, 20)
+    bd, bi = brute_force(q, r, 20, 0.3, False)
+    assert torch.equal(i, bi)
+    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+
+
+def test_post_threads_restores_thread_counts_and_validates():
+    import faiss
+
+    x = ball_points(300, 8, 0.1, 0.9, seed=13)
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    HyperbolicKNN(c=0.1, post_threads=1)(x, 5, x, True)
+    HyperbolicKNN(c=0.1, post_threads=None)(x, 5, x, True)
+    assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == before
+    with pytest.raises(ValueError, match="post_threads"):
+        HyperbolicIndex(c=0.1, post_threads=0)
+
+
+def test_self_query_cache_sees_in_place_edits():
+    x = ball_points(200, 6, 0.5, 0.9, seed=14)
+    index = HyperbolicIndex(c=0.5).add(x)
+    d0, i0 = index.search(x, 4, query_ids=torch.arange(200))
+    assert torch.equal(i0, brute_force(x, x, 4, 0.5, True)[1])
+    y = x.clone()
+    x.mul_(0.5)  # the index holds the old points; the query is now different
+    d1, i1 = index.search(x, 4)
+    assert torch.equal(i1, brute_force(x, y, 4, 0.5, False)[1])

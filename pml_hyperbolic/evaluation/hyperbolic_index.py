@@ -15,32 +15,54 @@ plain (Euclidean) inner product that faiss ``IndexFlatIP`` computes with BLAS. W
 Why the float32 scores are re-checked
 -------------------------------------
 Near the boundary :math:`X_0` is large and the float32 score cancels (the same happens to
-Euclidean L2 search for close pairs). Every score ``s`` faiss returns is given an error bound
-:math:`|\hat s - s| \le \gamma\,|Q|\,|Y_j|`, and from it each candidate gets an interval
-:math:`[A^-, A^+]` for its true A. Two error models:
+Euclidean L2 search for close pairs). Every float32 score of query q, returned by faiss or not, is
+within :math:`e_q = \gamma\,|Q_q|\max_j|Y_j|` of the true score (closed form, one number per
+query). Two error models:
 
-* ``error_model="rigorous"``: :math:`\gamma = (D + 3)\,u` (u = 2⁻²⁴; Higham's worst-case bound
-  for a float32 dot product of length D+1, plus the rounding of Q and Y). A guarantee, but ~10x
-  pessimistic, so nearly every candidate ends up recomputed exactly (slow for large k).
-* ``error_model="typical"`` (default): :math:`\gamma = 2\sqrt{D + 3}\,u`, the random-walk size of
-  float32 summation errors with a 2x margin. Not a worst-case guarantee; the tests and
-  ``bench/knn.py`` check the results against a float64 brute force.
+* ``error_model="typical"`` (default): :math:`\gamma = 2\sqrt{D + 3}\,u` (u = 2⁻²⁴), the
+  random-walk size of float32 summation errors with a 2x margin. Not a worst-case guarantee; the
+  tests and ``bench/knn.py`` check the results against a float64 brute force.
+* ``error_model="rigorous"``: :math:`\gamma = (D + 3)\,u` (Higham's worst-case bound for a
+  float32 dot product of length D+1, plus the rounding of Q and Y). A guarantee, ~10x pessimistic.
 
-Then
+Fast path (flat index, one faiss call per batch, O(batch · k) vectorised work, no Python loop
+over queries): faiss returns k' = k + margin candidates sorted by float32 score.
 
-1. candidates whose interval is wider than ``rtol`` (relative, in distance) are recomputed exactly
-   (float64, :func:`pml_hyperbolic.poincare_ball.dist`, from the ball coordinates);
-2. for each of the first k positions, any candidate whose interval reaches below that position's
-   upper end (a possible misordering) is recomputed exactly, until no inexact interval overlaps
-   another (a suffix-minimum test, so non-adjacent overlaps are found too);
-3. *certification*: no reference outside the ``k'`` candidates can beat the k-th one, because its
-   score is at most the last candidate's score, so its true A is at least
-   :math:`A_{floor} = -cX_0(\hat s_{k'} + \gamma|Q|\max_j|Y_j|)`; we need the k-th candidate's
-   :math:`A^+ < A_{floor}`. Queries that fail are searched again with ``k'`` doubled (ultimately
-   ``k' = N``, which is trivially complete).
+1. *Set*: the first k candidates have true score :math:`\ge \hat s_{k-1} - e_q`, so anything
+   with :math:`\hat s < \hat s_{k-1} - 2e_q` (every non-candidate has
+   :math:`\hat s \le \hat s_{k'}`) is beaten by all of them: the set is certified when
+   :math:`\hat s_{k'} < \hat s_{k-1} - 2e_q`, and besides the first k only the "tail" of
+   candidates with :math:`\hat s \ge \hat s_{k-1} - 2e_q` can enter it.
+2. *Order and distances*, ``typical``: from the scores, :math:`d = \operatorname{arcosh}(-cX_0
+   \hat s)/\sqrt c`; only clusters (runs of adjacent gaps :math:`\le 2e_q`) among the first k +
+   tail, and distances whose interval is wider than ``rtol``, are recomputed (a few % of the
+   pairs on trained-like embeddings). ``rigorous``: the bound is too wide for that, so all k
+   distances are recomputed from ball coordinates, in float32 differences when the inputs are
+   float32 numbers (relative error :math:`\le (D/2+3)u`), and adjacent entries whose error bars
+   touch are recomputed in float64.
+3. Rows that fail the certification are searched again with k' doubled by the general loop below
+   (ultimately k' = N, trivially complete), which bounds each candidate's interval individually:
+
+   a. candidates whose interval is wider than ``rtol`` (relative, in distance) are recomputed
+      exactly (float64, from the ball coordinates);
+   b. for each of the first k positions, any candidate whose interval reaches below that
+      position's upper end (a possible misordering) is recomputed exactly, until no inexact
+      interval overlaps another (a suffix-minimum test, so non-adjacent overlaps are found too);
+   c. certification as in 1.
+
+The exact float64 distance is :math:`\frac{2}{\sqrt c}\operatorname{arsinh}(\sqrt c\|x-y\|/
+\sqrt{(1-c\|x\|^2)(1-c\|y\|^2)})` from explicit differences (exact for close pairs).
+
+Why the Lorentz lift and not the ball-coordinate form: for a fixed query the ranking by d is also
+the ranking by :math:`\|x-y\|^2/(1-c\|y\|^2) = [\|x\|^2, -2x, 1]\cdot[1/b_y, y/b_y,
+\|y\|^2/b_y]`, an inner product over D+2 dims. Its float32 error relative to
+:math:`\delta = \|x-y\|^2` is about :math:`\gamma(\|x\|+\|y\|)^2/\delta`, the Lorentz
+score's about :math:`\gamma(1+c\|x\|^2)(1+c\|y\|^2)/(c\,\delta)`; for :math:`c\|x\|^2 =
+\tanh^2(0.73) \approx 0.39` (the default clip radius 2.3 at c = 0.1) the two differ by ~20%, so
+the lift was kept (not measured further; the ball form wins clearly only near the origin).
 
 Under the error model, the result equals a float64 brute force (same tie rule) as a set and in
-order, with distances to ``rtol`` relative (exactly recomputed ones to float64 rounding).
+order, with distances to ``rtol`` relative (those recomputed in float64 to float64 rounding).
 
 Ties are broken by the smaller reference index (the result is sorted by ``(distance, index)``).
 Exact ties are only possible between exactly recomputed candidates (an inexact interval that
@@ -98,7 +120,7 @@ class HyperbolicIndex:
             certification, so recall < 1 is possible).
         rtol: relative accuracy of returned distances that are not recomputed exactly.
         batch_size: queries per faiss search call (bounds memory to O(batch_size · k)).
-        margin: extra candidates fetched beyond k on the first try (default ``max(16, k // 16)``).
+        margin: extra candidates fetched beyond k on the first try (default ``max(8, k // 32)``).
         use_gpu: ``None`` = use faiss GPU if faiss has GPUs and the query is on CUDA.
         hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
             the number of candidates.
@@ -163,6 +185,7 @@ class HyperbolicIndex:
         self._norms = None  # float64 (N,) |Y_j| of the float32 lifted vectors
         self._bball = None  # float64 (N,) 1 - c|y_j|^2
         self._ball32 = None  # float32 copy of _ball when that is exact (float32 inputs)
+        self._added_src = None
         self._index = None
         self._dim = None
         self._mips_m = None
@@ -210,6 +233,9 @@ class HyperbolicIndex:
 
     def _add(self, reference) -> "HyperbolicIndex":
         ref = self._prepare(reference, "reference")
+        # remember the (only) added tensor so that search(query=the same tensor) skips _prepare
+        self._added_src = reference if self._ball is None else None
+        self._added_version = getattr(reference, "_version", None)  # detects in-place edits
         if ref.shape[0] == 0:
             raise ValueError("reference is empty: cannot add 0 points")
         if self._dim is not None and ref.shape[1] != self._dim:
@@ -272,7 +298,11 @@ class HyperbolicIndex:
         if self._ball is None:
             raise ValueError("the index is empty: call add(reference) before search")
         device = query.device if isinstance(query, Tensor) else torch.device("cpu")
-        q = self._prepare(query, "query").cpu()
+        if (self._added_src is not None and query is self._added_src
+                and getattr(query, "_version", None) == self._added_version):
+            q = self._ball  # self-retrieval: the query was prepared by add() already
+        else:
+            q = self._prepare(query, "query").cpu()
         if q.shape[1] != self._dim:
             raise ValueError(
                 f"query has dimension {q.shape[1]} but the reference has dimension {self._dim}"
@@ -464,15 +494,17 @@ class HyperbolicIndex:
             d[r, p] = self._exact_pairs(q, r, idx[r, p])
             rr = mark.any(dim=1).nonzero(as_tuple=True)[0]
             dr = torch.where(region[rr], d[rr], math.inf)
-            pr = _sort_by_dist_index(dr, idx[rr])
+            pr = _sort_by_dist_then_index(dr, idx[rr])
             mark[rr] = mark[rr].gather(1, pr)
             d[rr], idx[rr], s[rr] = dr.gather(1, pr), idx[rr].gather(1, pr), s[rr].gather(1, pr)
         out_d, out_i = d[:, :k].contiguous(), idx[:, :k].contiguous()
         # accuracy of the distances taken from scores
         sk, ex = s[:, :k], mark[:, :k]
-        lo = torch.acosh((-cx0 * (sk + e[:, None])).clamp_min(1.0))
-        hi = torch.acosh((-cx0 * (sk - e[:, None])).clamp_min(1.0))
-        wide = ((hi - lo) / sqrt_c > self.rtol * out_d) & ~ex
+        # arcosh(hi) - arcosh(lo) <= (hi - lo) / sqrt(lo^2 - 1) (arcosh' is decreasing): a
+        # sufficient accuracy test without two more arcosh passes
+        lo = (-cx0 * (sk + e[:, None])).clamp_min(1.0)
+        span = (2.0 * cx0) * e[:, None]
+        wide = ~(span <= (self.rtol * sqrt_c) * out_d * torch.sqrt(lo * lo - 1.0)) & ~ex
         if wide.any():
             r, p = wide.nonzero(as_tuple=True)
             # only accuracy is at stake here (the order is settled): the float32 ball formula
@@ -681,3 +713,15 @@ def _sort_by_dist_index(d: Tensor, idx: Tensor) -> Tensor:
     by_idx = torch.argsort(idx, dim=1)
     order = torch.argsort(d.gather(1, by_idx), dim=1, stable=True)
     return by_idx.gather(1, order)
+
+
+def _sort_by_dist_then_index(d: Tensor, idx: Tensor) -> Tensor:
+    """Like :func:`_sort_by_dist_index` with one stable sort in the common case: rows with exactly
+    equal distances (duplicates) are redone with the index tie rule."""
+    perm = torch.argsort(d, dim=1, stable=True)
+    ds = d.gather(1, perm)
+    tie = ((ds[:, 1:] == ds[:, :-1]) & torch.isfinite(ds[:, 1:])).any(dim=1)
+    if tie.any():
+        rr = tie.nonzero(as_tuple=True)[0]
+        perm[rr] = _sort_by_dist_index(d[rr], idx[rr])
+    return perm
