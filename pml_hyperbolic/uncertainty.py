@@ -12,7 +12,11 @@ point, so :math:`U < 0` and the losses' :math:`\log(U / \max U + 1)` is NaN or r
   :math:`U = \operatorname{clamp}(1 - d_c(x, 0) / (2 r), 0, 1)`. For points produced by
   ``ToPoincare`` (clip then ``expmap0``), :math:`d_c(x, 0) = 2\|v\|` with :math:`\|v\| \le r` the
   clipped tangent norm, so :math:`U = 1 - \|v\|/r \in [0, 1]`: 1 at the origin, 0 at the clip radius.
-  Batch-independent, so it is also the right quantity for analysis (helper-D's recall tables).
+  Batch-independent, so it is also the right quantity for analysis (the recall-per-uncertainty
+  tables). Values within 64 ulp of 0 are snapped to 0 (rounding of points at the clip radius).
+  Caveat measured in the bundled recipe: a Linear head on pretrained features mostly outputs
+  norms above r, so nearly every embedding sits at the clip radius and U = 0 for all of them; the
+  losses then use the same factor log 2 for every anchor (see :func:`uncertainty_ratio_log`).
 * ``"ball"``: :math:`U = 1 - \sqrt{c}\,\|x\|` (the Euclidean fraction of the ball's radius still free),
   in (0, 1]; needs no clip radius but compresses clipped points into [1 − tanh(√c r), 1].
 * ``"batch"``: min–max within the batch, :math:`U = (\max_B d - d)/(\max_B d - \min_B d)`
@@ -73,7 +77,10 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=2.
         return 1 - c_t.sqrt() * torch.linalg.vector_norm(x, dim=-1)
     d0 = pb.dist0(x, c_t)
     if mode == "clip":
-        return (1 - d0 / (2 * float(clip_r))).clamp(0.0, 1.0)
+        u = (1 - d0 / (2 * float(clip_r))).clamp(0.0, 1.0)
+        # a point at the clip radius has U = 0 exactly; rounding in expmap0/dist0 leaves a few ulp,
+        # which the batch-max ratio of the losses would blow up to log 2
+        return u.masked_fill(u <= 64 * torch.finfo(u.dtype).eps, 0.0)
     if mode == "batch":
         if d0.numel() == 0:
             return d0
@@ -93,11 +100,16 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=2.
 def uncertainty_ratio_log(u: torch.Tensor, guard_eps: float = 1e-6) -> torch.Tensor:
     r""":math:`\log(U_i / \max_B U + 1)`, the Hyp-UML factor of Eq. (6) and (7), with a guard.
 
-    For sound modes U ∈ [0, 1] and the value lies in [0, log 2]. The guard (needed by ``"literal"``):
-    the maximum is clamped to ≥ ``guard_eps`` (all-U ≤ 0 batches would otherwise divide by ≤ 0) and
-    the logarithm's argument to ≥ ``guard_eps``, so the result is finite (≥ log guard_eps).
+    For sound modes U ∈ [0, 1] and the value lies in [0, log 2]. An anchor whose U equals the batch
+    maximum gets U/max U = 1 (log 2) even when that maximum is 0: a batch whose embeddings all sit at
+    the clip radius ("clip" mode U = 0 for all, the usual state of a clipped head) is uniformly
+    certain, so every anchor gets the same factor, log 2, and not the 0/0 → 0 that would silently
+    drive every temperature to its floor. The guard (needed by ``"literal"``): the maximum is
+    clamped to ≥ ``guard_eps`` (all-U ≤ 0 batches would otherwise divide by ≤ 0) and the
+    logarithm's argument to ≥ ``guard_eps``, so the result is finite (≥ log guard_eps).
     """
     if u.numel() == 0:
         return u
-    u_max = u.max().clamp_min(guard_eps)
-    return torch.log((u / u_max + 1).clamp_min(guard_eps))
+    u_max = u.max()
+    ratio = torch.where(u >= u_max, torch.ones_like(u), u / u_max.clamp_min(guard_eps))
+    return torch.log((ratio + 1).clamp_min(guard_eps))

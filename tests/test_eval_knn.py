@@ -150,3 +150,26 @@ def test_self_query_cache_sees_in_place_edits():
     x.mul_(0.5)  # the index holds the old points; the query is now different
     d1, i1 = index.search(x, 4)
     assert torch.equal(i1, brute_force(x, y, 4, 0.5, False)[1])
+
+
+@pytest.mark.parametrize("scale", [0.95, 0.9999])
+def test_exact_ranks_keeps_sets_exact_at_the_listed_ranks(scale):
+    # high-dimensional random points: the top-k distances are crowded, many near-ties
+    x = ball_points(1500, 64, 0.1, scale, seed=21)
+    x[700:705] = x[3]  # exact duplicates: a tie block that must still go by index
+    ranks = (1, 2, 4, 8, 50)
+    k = 100
+    d, i = HyperbolicKNN(c=0.1, exact_ranks=ranks)(x, k, x, True)
+    bd, bi = brute_force(x, x, k, 0.1, True)
+    for K in ranks + (k,):
+        assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
+    assert torch.equal(i[:, 0], bi[:, 0])  # rank 1 listed: the nearest neighbour itself is exact
+    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)  # position-wise distances
+    assert (d[:, 1:] >= d[:, :-1]).all()
+
+
+def test_exact_ranks_bad_values():
+    with pytest.raises(ValueError, match="exact_ranks"):
+        HyperbolicIndex(exact_ranks=(0, 3))
+    with pytest.raises(ValueError, match="exact_ranks"):
+        HyperbolicIndex(exact_ranks=())

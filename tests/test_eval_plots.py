@@ -52,7 +52,7 @@ def test_tangent_pca_keeps_every_distance_to_origin():
 
 def test_uncertainty_table_and_plot(tmp_path):
     x, y = data(300, 1)
-    table = uncertainty_recall_table(x, y, c=0.1, n_bins=10)
+    table = uncertainty_recall_table(x, y, c=0.1, n_bins=10, clip_r=10.0)  # no point beyond r: distinct U
     assert len(table) == 10 and sum(r["count"] for r in table) == 300
     assert all(0 <= r["recall_at_1"] <= 1 for r in table)
     assert all(a["u_max"] <= b["u_min"] for a, b in zip(table, table[1:]))
@@ -61,7 +61,7 @@ def test_uncertainty_table_and_plot(tmp_path):
     t2 = uncertainty_recall_table(x, y, c=0.1, n_bins=3, uncertainty=u)
     assert [r["count"] for r in t2] == [100, 100, 100] and t2[0]["u_max"] == 99
     p = tmp_path / "u.png"
-    plot_uncertainty_vs_recall(x, y, p, c=0.1, n_bins=5, figsize=(5, 3), dpi=40)
+    plot_uncertainty_vs_recall(x, y, p, c=0.1, n_bins=5, clip_r=10.0, figsize=(5, 3), dpi=40)
     assert png_size(p) == (120, 200)
 
 

@@ -61,3 +61,35 @@ def test_bad_args():
 
 def test_batch_mode_constant_batch():
     assert torch.equal(hyperbolic_uncertainty(torch.zeros(4, 2), mode="batch"), torch.ones(4))
+
+
+def test_ratio_of_a_saturated_batch_is_log2_not_zero():
+    # every embedding at the clip radius: U = 0 for all, U/max U is taken as 1 (uniformly certain)
+    z = ToPoincare(c=0.1, clip_r=2.3)(torch.randn(16, 8) * 10)
+    u = hyperbolic_uncertainty(z, c=0.1)
+    assert torch.all(u == 0)
+    f = uncertainty_ratio_log(u)
+    torch.testing.assert_close(f, torch.full_like(f, math.log(2.0)))
+    # mixed batch: the clipped anchors get 0, the most uncertain log 2, the rest in between
+    u2 = torch.tensor([0.0, 0.25, 0.5])
+    torch.testing.assert_close(uncertainty_ratio_log(u2), torch.log(torch.tensor([1.0, 1.5, 2.0])))
+
+
+def test_recall_table_never_splits_ties_by_data_order():
+    from pml_hyperbolic.evaluation import uncertainty_recall_table
+
+    # first half of the data is retrievable, second half is not; all at the clip radius
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(10, 8, generator=g) * 10
+    labels = torch.arange(10).repeat_interleave(4)
+    v = centers[labels] + 0.01 * torch.randn(40, 8, generator=g)
+    v[20:] = torch.randn(20, 8, generator=g) * 10
+    z = ToPoincare(c=0.1, clip_r=2.3)(v)
+    with pytest.warns(RuntimeWarning, match="distinct uncertainty bin"):
+        table = uncertainty_recall_table(z, labels, c=0.1, n_bins=5)
+    assert len(table) == 1 and table[0]["count"] == 40 and table[0]["u_max"] == 0.0
+    # distinct values: equal-count quantile bins as before
+    u = torch.arange(40, dtype=torch.float64)
+    table = uncertainty_recall_table(z, labels, c=0.1, n_bins=4, uncertainty=u)
+    assert [r["count"] for r in table] == [10, 10, 10, 10]
+    assert [r["u_min"] for r in table] == [0.0, 10.0, 20.0, 30.0]

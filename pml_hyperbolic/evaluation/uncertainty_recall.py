@@ -1,6 +1,7 @@
 """How Hyp-UML's uncertainty relates to retrieval correctness: Recall@1 per uncertainty bin."""
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -23,8 +24,8 @@ def uncertainty_recall_table(
 
     Hyp-UML claims that embeddings nearer the origin (larger uncertainty
     :func:`pml_hyperbolic.uncertainty.hyperbolic_uncertainty`, the rule its losses use) are retrieved
-    less reliably. This helper sorts the queries by uncertainty, splits them into ``n_bins``
-    equal-count bins (deciles by default; bin 0 = most certain) and reports per bin
+    less reliably. This helper splits the queries into ``n_bins`` uncertainty quantile bins
+    (deciles by default; bin 0 = most certain) and reports per bin
 
     ``{"bin", "u_min", "u_max", "u_mean", "count", "recall_at_1"}``,
 
@@ -32,6 +33,11 @@ def uncertainty_recall_table(
     :class:`HyperbolicKNN`, self excluded) has the same label. A falling recall with rising
     uncertainty supports the claim. ``uncertainty`` may be given precomputed ((N,) tensor).
     Returns a list of dicts (one per non-empty bin).
+
+    Equal uncertainties always share a bin (the bin of the tie's lowest rank), so a tie is never
+    split by the data's order, which would invent a trend. When every embedding lies
+    at the head's clip radius (common with clipping at 2.3: the "clip" uncertainty is then 0 for
+    all), fewer bins than ``n_bins`` come back and a ``RuntimeWarning`` says so.
     """
     x = torch.as_tensor(embeddings).detach()
     y = torch.as_tensor(labels).detach().reshape(-1)
@@ -55,12 +61,23 @@ def uncertainty_recall_table(
     knn = knn_func if knn_func is not None else HyperbolicKNN(c=c)
     _, nn = knn(x.float(), 1, x.float(), True)
     hit = (y.cpu()[nn[:, 0].cpu()] == y.cpu()).double()
-    order = torch.argsort(u, stable=True)
+    un = u.numpy()
+    order = np.argsort(un, kind="stable")
+    sorted_u = un[order]
+    # equal-count bins by rank, then every tie moved to the bin of its first (lowest-rank) member
+    rank_bin = np.concatenate([np.full(len(p), b) for b, p in enumerate(np.array_split(order, n_bins))])
+    bin_of = np.empty(len(un), dtype=np.int64)
+    bin_of[order] = rank_bin[np.searchsorted(sorted_u, sorted_u, side="left")]
+    used = np.unique(bin_of)
+    if len(used) < n_bins:
+        warnings.warn(
+            f"uncertainty_recall_table: only {len(used)} distinct uncertainty bin(s) of {n_bins} "
+            f"({len(np.unique(un))} distinct values among {len(un)} embeddings); tied values share a "
+            "bin. With a clipped head this usually means the embeddings sit at the clip radius.",
+            RuntimeWarning, stacklevel=2)
     table = []
-    for b, part in enumerate(np.array_split(order.numpy(), n_bins)):
-        if len(part) == 0:
-            continue
-        part = torch.from_numpy(part)
+    for b, code in enumerate(used):
+        part = torch.from_numpy(np.flatnonzero(bin_of == code))
         ub = u[part]
         table.append(
             {

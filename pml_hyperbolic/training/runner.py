@@ -187,6 +187,24 @@ def dataset_labels(dataset) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # the recipe driver
 # ----------------------------------------------------------------------------------------------
+def _silence_pml_missing_key(key: str) -> None:
+    """Drop PML's 'optimizers is missing "<key>"' warning, which is expected for a frozen model."""
+    import logging
+
+    from pytorch_metric_learning.utils import common_functions as c_f
+
+    class _DropMissingKey(logging.Filter):
+        def filter(self, record):
+            return f'missing "{key}"' not in record.getMessage()
+
+    if not any(isinstance(f, _DropMissingKey) for f in c_f.LOGGER.filters):
+        c_f.LOGGER.addFilter(_DropMissingKey())
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the recipe docstring's layout (its example commands) and shows every default."""
+
+
 class Recipe:
     """Base class of the recipe scripts. Subclasses set the class attributes and override builders."""
 
@@ -217,9 +235,13 @@ class Recipe:
 
     @classmethod
     def make_parser(cls) -> argparse.ArgumentParser:
+        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else f"{cls.name}.py"
         parser = argparse.ArgumentParser(
-            prog=f"{cls.name}.py", description=cls.description,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            prog=prog, description=cls.description,
+            epilog="Defaults shown are the generic ones; the dataset's preset (the paper's settings for a "
+                   "real benchmark, the CPU demo for the bundled glyphs) replaces them unless the flag "
+                   "is given (or set in --config).",
+            formatter_class=_HelpFormatter)
         cfg.add_common_arguments(parser, default_backbone=cls.default_backbone, hyperbolic=cls.hyperbolic)
         cls.add_arguments(parser)
         return parser
@@ -426,6 +448,8 @@ class Recipe:
             stop_after_epoch=a.stop_after_epoch, verbose=True, eval_every=a.eval_every, num_epochs=a.epochs,
             history=checkpoint["history"] if checkpoint else None, best=checkpoint["best"] if checkpoint else None)
         mining_funcs = {"tuple_miner": wrap_miner(miner, self.ctx)} if miner is not None else {}
+        if "trunk_optimizer" not in optimizers:
+            _silence_pml_missing_key("trunk_optimizer")  # a frozen trunk has nothing to optimise
         trainer = self.trainer_class(
             models={"trunk": wrap_model(self.trunk, self.ctx, self.device),
                     "embedder": wrap_model(self.head, self.ctx, self.device)},
