@@ -318,8 +318,16 @@ class Recipe:
         out["poincare_disk"] = disk
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
         clip = getattr(self.args, "clip_r", None)
-        table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.c,
-                                           **({"clip_r": clip} if clip is not None else {}))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # said once, plainly, below
+            table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.c,
+                                               **({"clip_r": clip} if clip is not None else {}))
+        if len(table) == 1:
+            self.say("[pml-hyperbolic] every test embedding sits at the clip radius, so the Hyp-UML uncertainty "
+                     "is the same for all of them: the uncertainty-vs-recall plot has one bin (and an "
+                     "uncertainty-adaptive loss acts as its fixed-temperature/margin form).")
         out["uncertainty_vs_recall"] = unc
         self.uncertainty_table = table
         return out
