@@ -173,3 +173,35 @@ def test_exact_ranks_bad_values():
         HyperbolicIndex(exact_ranks=(0, 3))
     with pytest.raises(ValueError, match="exact_ranks"):
         HyperbolicIndex(exact_ranks=())
+
+
+def test_collapsed_embeddings_stay_bounded_and_exact():
+    # a collapsed model: thousands of identical points (ties go by index) must not grow the
+    # candidate list towards N; rows fall back to the chunked exact scan
+    import time
+
+    x = torch.zeros(3000, 16)
+    x[:, 0] = 0.5
+    x[2500:] = ball_points(500, 16, 0.1, 0.9, seed=2)
+    t = time.perf_counter()
+    d, i = HyperbolicKNN(c=0.1)(x, 4, x, True)
+    elapsed = time.perf_counter() - t
+    bd, bi = brute_force(x, x, 4, 0.1, True)
+    assert torch.equal(i, bi)
+    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-7)
+    assert elapsed < 60  # generous: the bug this guards against took minutes and GBs
+
+
+def test_flat_index_goes_to_gpu_when_faiss_has_one(monkeypatch):
+    import faiss
+
+    moved = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index: moved.append(index) or index,
+                        raising=False)
+    x = ball_points(50, 4, 0.1, 0.8, seed=0)
+    HyperbolicIndex(c=0.1).add(x)
+    assert len(moved) == 1
+    HyperbolicIndex(c=0.1, use_gpu=False).add(x)
+    HyperbolicIndex(c=0.1, kind="hnsw").add(x)
+    assert len(moved) == 1

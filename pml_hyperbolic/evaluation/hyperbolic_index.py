@@ -121,7 +121,8 @@ class HyperbolicIndex:
         rtol: relative accuracy of returned distances that are not recomputed exactly.
         batch_size: queries per faiss search call (bounds memory to O(batch_size · k)).
         margin: extra candidates fetched beyond k on the first try (default ``max(8, k // 32)``).
-        use_gpu: ``None`` = use faiss GPU if faiss has GPUs and the query is on CUDA.
+        use_gpu: ``None`` = the flat index runs on the GPU(s) whenever faiss sees one (faiss-gpu
+            installed); ``False`` = always CPU; ``True`` = GPU for either kind when available.
         hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
             the number of candidates.
         project: project inputs onto the ball first (points on/outside the ball have no distance).
@@ -230,7 +231,8 @@ class HyperbolicIndex:
     def _want_gpu(self, on_cuda: bool = False) -> bool:
         has = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
         if self.use_gpu is None:
-            return has and on_cuda and self.kind == "flat"
+            # faiss-gpu installed: the flat search runs there (HNSW has no GPU version)
+            return has and self.kind == "flat"
         return bool(self.use_gpu) and has
 
     def add(self, reference) -> "HyperbolicIndex":
@@ -391,7 +393,14 @@ class HyperbolicIndex:
             res_i[ok] = i[ok]
             todo = todo[~ok]
             kk = min(n, 2 * kk)
+        # beyond this many candidates a row is settled by a chunked exact scan instead: a block of
+        # (near-)duplicates, whose ties go by index, would otherwise double k' up to N (O(B·N))
+        kk_cap = max(4 * kk_needed, 256)
         while todo.numel() > 0:
+            if kk > kk_cap:
+                d, i = self._exact_scan(q[todo], k, None if ids is None else ids[todo])
+                res_d[todo], res_i[todo] = d, i
+                break
             s, idx = self._faiss_search(np.ascontiguousarray(Q32[todo].numpy()), kk)
             d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k,
                                     None if ids is None else ids[todo], complete=(kk >= n))
@@ -597,6 +606,37 @@ class HyperbolicIndex:
         n = torch.linalg.vector_norm(diff, dim=1).double()
         z = n.mul_(math.sqrt(c)).div_(torch.sqrt(bq.mul_(self._bball.index_select(0, cols))))
         return torch.asinh_(z).mul_(2 / math.sqrt(c))
+
+    def _exact_scan(self, q: Tensor, k: int, ids: Optional[Tensor]):
+        """Exact top-k of each row by a float64 scan over every reference, sorted by
+        (distance, index): the fallback for rows that the candidate lists cannot certify.
+        Memory O(rows·k + block): query rows in blocks, references in chunks, running top-k."""
+        c = self.c
+        n, D = self._ball.shape
+        B = q.shape[0]
+        out_d = torch.empty((B, k), dtype=torch.float64)
+        out_i = torch.empty((B, k), dtype=torch.int64)
+        rows_per_block = 16
+        chunk = max(k, (1 << 22) // max(1, rows_per_block * D))
+        bq_all = (1 - c * (q * q).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
+        for a in range(0, B, rows_per_block):
+            x = q[a: a + rows_per_block]
+            bq = bq_all[a: a + rows_per_block]
+            best_d = torch.full((x.shape[0], 0), math.inf, dtype=torch.float64)
+            best_i = torch.empty((x.shape[0], 0), dtype=torch.int64)
+            for lo in range(0, n, chunk):
+                y = self._ball[lo: lo + chunk]
+                z = torch.linalg.vector_norm(y[None, :, :] - x[:, None, :], dim=2)
+                z.mul_(math.sqrt(c)).div_(torch.sqrt(bq[:, None] * self._bball[None, lo: lo + chunk]))
+                d = torch.asinh_(z).mul_(2 / math.sqrt(c))
+                cols = torch.arange(lo, lo + y.shape[0]).expand(x.shape[0], -1)
+                if ids is not None:
+                    d = d.masked_fill(cols == ids[a: a + rows_per_block, None], math.inf)
+                cat_d, cat_i = torch.cat([best_d, d], 1), torch.cat([best_i, cols], 1)
+                keep = _sort_by_dist_index(cat_d, cat_i)[:, :k]
+                best_d, best_i = cat_d.gather(1, keep), cat_i.gather(1, keep)
+            out_d[a: a + rows_per_block], out_i[a: a + rows_per_block] = best_d, best_i
+        return out_d, out_i
 
     def _exact_rows(self, q: Tensor, idx: Tensor) -> Tensor:
         r"""float64 :math:`d_c(q_b, y_{idx[b, j]})` for a (B × k') index matrix, as in
