@@ -16,6 +16,7 @@ from pml_hyperbolic.data import (
     OnlineProductsDataset,
     build_dataset,
     build_transforms,
+    collate_skipping_unreadable,
     find_dataset_root,
 )
 
@@ -231,26 +232,90 @@ def test_malformed_files_give_the_same_clear_error(tmp_path):
         InShopDataset(str(inshop), "train")
 
 
+def break_image(path):
+    with open(path, "wb") as f:
+        f.write(b"\xff\xd8 not really a jpeg")
+
+
 def test_unreadable_image_is_skipped_with_warning_and_counted(tmp_path):
     make_sop(str(tmp_path))
-    dataset = OnlineProductsDataset(str(tmp_path), "train")
-    broken = dataset.paths[0]
-    with open(broken, "wb") as f:
-        f.write(b"\xff\xd8 not really a jpeg")
-    with pytest.warns(RuntimeWarning, match="unreadable image"):
-        image, label = dataset[0]
-    assert image.mode == "RGB" and label == dataset.labels[0]  # a same-class substitute
-    assert dataset.num_unreadable == 1
+    dataset = OnlineProductsDataset(str(tmp_path), "train", transform=build_transforms(
+        "imagenet", train=False, image_size=32, resize_size=36))
+    break_image(dataset.paths[0])
+    with pytest.warns(RuntimeWarning, match="unreadable image .* skipped"):
+        assert dataset[0] is None
+    assert dataset.num_unreadable == 1 and dataset.unreadable_paths == [dataset.paths[0]]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # reported once only
-        dataset[0]
+        assert dataset[0] is None
     assert dataset.num_unreadable == 1
+    images, labels = collate_skipping_unreadable([dataset[i] for i in range(len(dataset))])
+    assert images.shape[0] == 3 and labels.tolist() == dataset.labels[1:].tolist()
+    with pytest.raises(RuntimeError, match="all 1 images of a batch were unreadable"):
+        collate_skipping_unreadable([dataset[0]])
 
     fresh = OnlineProductsDataset(str(tmp_path), "train")
     with pytest.warns(RuntimeWarning):
         assert fresh.check_images() == 1
-    assert len(fresh) == 3 and fresh.num_classes == 3
+    assert len(fresh) == 3 and fresh.num_classes == 3 and fresh.num_unreadable == 1
     assert fresh.labels.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="on_unreadable"):
+        OnlineProductsDataset(str(tmp_path), "train", on_unreadable="ignore")
+
+
+def test_unreadable_image_substitute_mode(tmp_path):
+    make_sop(str(tmp_path))
+    dataset = OnlineProductsDataset(str(tmp_path), "train", on_unreadable="substitute")
+    break_image(dataset.paths[0])
+    with pytest.warns(RuntimeWarning, match="replaced by another image of the same class"):
+        image, label = dataset[0]
+    assert image.mode == "RGB" and label == dataset.labels[0]
+    assert dataset.num_unreadable == 1
+
+
+def test_unreadable_count_is_shared_with_dataloader_workers(tmp_path):
+    # workers are other processes, re-created every epoch: the count must reach the parent and a
+    # file must be counted once, however many workers and epochs meet it
+    make_sop(str(tmp_path))
+    dataset = OnlineProductsDataset(str(tmp_path), "train", transform=build_transforms("imagenet", train=False,
+                                                                                        image_size=32, resize_size=36))
+    break_image(dataset.paths[1])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2,
+                                         collate_fn=collate_skipping_unreadable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            sizes = [len(labels) for _, labels in loader]
+            assert sorted(sizes) == [1, 2]
+    assert dataset.num_unreadable == 1
+    import copy
+    import pickle
+
+    for clone in (copy.deepcopy(dataset), pickle.loads(pickle.dumps(dataset))):
+        assert clone.num_unreadable == 1 and clone[1] is None
+
+
+def test_tester_and_index_aligned_embeddings_skip_unreadable_images(tmp_path):
+    from pml_hyperbolic.training.evaluation import build_tester
+    from pml_hyperbolic.training.runner import compute_embeddings
+
+    make_sop(str(tmp_path))
+    dataset = OnlineProductsDataset(str(tmp_path), "train", transform=build_transforms(
+        "imagenet", train=False, image_size=32, resize_size=36))
+    break_image(dataset.paths[2])
+    trunk = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 4))
+    head = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Hardtanh(-0.5, 0.5))
+    tester = build_tester(c=1.0, k_values=(1,), batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        emb, labels = tester.get_all_embeddings(dataset, trunk, head,
+                                                collate_fn=collate_skipping_unreadable)
+        # PML's own pass would return 4 rows, the last a zero row labelled 0
+        assert emb.shape == (3, 3) and labels[:, 0].tolist() == [0, 0, 2]
+        aligned = compute_embeddings(trunk, head, dataset, "cpu", batch_size=2)
+    assert aligned.shape == (4, 3)
+    assert torch.equal(aligned[2], torch.zeros(3))  # the unreadable row stays at the origin
+    torch.testing.assert_close(aligned[[0, 1, 3]], emb)
 
 
 def test_find_dataset_root_uses_env_variables(tmp_path, monkeypatch):

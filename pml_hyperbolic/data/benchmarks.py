@@ -55,7 +55,7 @@ class Cars196Dataset(ImageListDataset):
             return "pml"
         return None
 
-    def __init__(self, root, split="train", transform=None):
+    def __init__(self, root, split="train", transform=None, **kwargs):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         layout = self.detect_layout(root)
@@ -63,7 +63,7 @@ class Cars196Dataset(ImageListDataset):
             raise missing_dataset_error("Cars196", root, self.LAYOUTS, self.SOURCE)
         self.layout = layout
         paths, labels = (self._read_stanford if layout == "stanford" else self._read_pml)(root, split)
-        super().__init__(paths, labels, transform=transform, split=split)
+        super().__init__(paths, labels, transform=transform, split=split, **kwargs)
 
     def _read_stanford(self, root, split):
         from scipy.io import loadmat
@@ -114,7 +114,7 @@ class CUB200Dataset(ImageListDataset):
             return None
         return "nested" if base != root else "flat"
 
-    def __init__(self, root, split="train", transform=None):
+    def __init__(self, root, split="train", transform=None, **kwargs):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         base = self._base(root)
@@ -127,7 +127,7 @@ class CUB200Dataset(ImageListDataset):
             paths, labels = pml.paths, np.asarray(pml.labels, dtype=np.int64)
         else:  # a renamed folder, which PML's CUB cannot address
             paths, labels = self._read_lists(base, split)
-        super().__init__(paths, labels, transform=transform, split=split)
+        super().__init__(paths, labels, transform=transform, split=split, **kwargs)
 
     @staticmethod
     def _read_lists(base, split):
@@ -174,7 +174,7 @@ class OnlineProductsDataset(ImageListDataset):
         base = cls._base(root)
         return None if base is None else ("nested" if base != root else "flat")
 
-    def __init__(self, root, split="train", transform=None):
+    def __init__(self, root, split="train", transform=None, **kwargs):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         base = self._base(root)
@@ -196,7 +196,8 @@ class OnlineProductsDataset(ImageListDataset):
                 labels.append(int(fields[1]))
                 super_labels.append(int(fields[2]))
                 paths.append(os.path.join(base, fields[3]))
-        super().__init__(paths, np.asarray(labels), np.asarray(super_labels), transform=transform, split=split)
+        super().__init__(paths, np.asarray(labels), np.asarray(super_labels), transform=transform, split=split,
+                         **kwargs)
 
 
 class InShopDataset(ImageListDataset):
@@ -236,7 +237,7 @@ class InShopDataset(ImageListDataset):
             return None
         return "flat" if os.path.dirname(partition) == os.path.normpath(root) else "official"
 
-    def __init__(self, root, split="train", transform=None):
+    def __init__(self, root, split="train", transform=None, **kwargs):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         partition, image_base = self._locate(root)
@@ -255,7 +256,7 @@ class InShopDataset(ImageListDataset):
             super_label_space = np.unique(["/".join(r[0].split("/")[1:3]) for r in test_rows])
         super().__init__(
             paths, items, categories, transform=transform, split=split,
-            label_space=label_space, super_label_space=super_label_space,
+            label_space=label_space, super_label_space=super_label_space, **kwargs,
         )
 
     def _read_partition(self, partition, root):

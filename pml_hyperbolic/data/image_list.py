@@ -1,11 +1,13 @@
 """Shared machinery of the benchmark loaders: label remapping, RGB conversion, unreadable-image handling."""
 
+import multiprocessing
+import multiprocessing.context
 import os
 import warnings
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 _UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
@@ -48,16 +50,26 @@ class ImageListDataset(Dataset):
       ``.hierarchical_labels`` is the ``(N, 2)`` array [class, super-class].
     * Every image is converted to RGB (the benchmarks contain greyscale and
       CMYK JPEGs, which would otherwise break batching or normalisation).
-    * An unreadable image does not crash an epoch: it is reported once with a
-      warning, counted in ``.num_unreadable`` (per process; DataLoader workers
-      keep their own count) and replaced by another image of the same class.
+    * An unreadable image does not crash an epoch. It is reported once with a
+      warning and counted in ``.num_unreadable``; the flags live in shared
+      memory, so DataLoader workers (any number, any epoch) add to the same
+      count and a file is reported and decoded-and-failed only once. With
+      ``on_unreadable="skip"`` (default) ``__getitem__`` returns ``None`` and
+      :func:`collate_skipping_unreadable` drops it from the batch (the batch is
+      one smaller; pass it as the DataLoader's / PML trainer's and tester's
+      ``collate_fn``). With ``"substitute"`` another image of the same class is
+      returned instead (batches keep their size and class balance, but never
+      use it for evaluation: a duplicate is a perfect same-class neighbour).
       :meth:`check_images` finds and drops such files up front.
     """
 
     def __init__(self, paths, raw_labels, raw_super_labels=None, transform=None, split=None,
-                 label_space=None, super_label_space=None):
+                 label_space=None, super_label_space=None, on_unreadable="skip"):
         if len(paths) != len(raw_labels):
             raise ValueError("paths and labels differ in length")
+        if on_unreadable not in ("skip", "substitute"):
+            raise ValueError(f"on_unreadable must be 'skip' or 'substitute', got {on_unreadable!r}")
+        self.on_unreadable = on_unreadable
         self.paths = [str(p) for p in paths]
         self.split = split
         self.transform = transform
@@ -67,8 +79,41 @@ class ImageListDataset(Dataset):
             label_space=label_space,
             super_label_space=super_label_space,
         )
-        self.num_unreadable = 0
-        self.unreadable_paths = set()
+        self._dropped_unreadable = 0
+        self._new_unreadable_flags()
+
+    def _new_unreadable_flags(self):
+        # one shared byte per image: DataLoader workers are other processes, and a per-process
+        # count would be lost with them (and restart at 0 in every epoch's fresh workers)
+        self._unreadable_flags = multiprocessing.RawArray("b", max(1, len(self.paths)))
+
+    def _flags(self):
+        return np.frombuffer(self._unreadable_flags, dtype=np.int8)[: len(self.paths)]
+
+    @property
+    def num_unreadable(self) -> int:
+        """How many distinct images failed to decode so far (in this process and its workers)."""
+        return int(np.count_nonzero(self._flags())) + self._dropped_unreadable
+
+    @property
+    def unreadable_paths(self):
+        """The paths that failed to decode so far."""
+        return [self.paths[i] for i in np.flatnonzero(self._flags())]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if multiprocessing.context.get_spawning_popen() is None:
+            # plain pickling / deepcopy (not a worker being started): shared memory cannot travel,
+            # the copy gets its own flags with the same content
+            state["_unreadable_flags"] = bytes(self._flags().tobytes())
+        return state
+
+    def __setstate__(self, state):
+        flags = state["_unreadable_flags"]
+        self.__dict__.update(state)
+        if isinstance(flags, bytes):
+            self._new_unreadable_flags()
+            self._flags()[:] = np.frombuffer(flags, dtype=np.int8)[: len(self.paths)]
 
     def _set_labels(self, raw_labels, raw_super_labels, label_space=None, super_label_space=None):
         self.raw_labels = raw_labels
@@ -94,14 +139,18 @@ class ImageListDataset(Dataset):
         with Image.open(path) as image:
             return image.convert("RGB")  # convert() forces a full decode inside the try
 
-    def _note_unreadable(self, path, error):
-        if path in self.unreadable_paths:
+    def _is_flagged(self, index) -> bool:
+        return bool(self._unreadable_flags[index])
+
+    def _note_unreadable(self, index, error):
+        if self._unreadable_flags[index]:
             return
-        self.unreadable_paths.add(path)
-        self.num_unreadable += 1
+        self._unreadable_flags[index] = 1
+        what = ("skipped (its batch is one image smaller)" if self.on_unreadable == "skip"
+                else "replaced by another image of the same class")
         warnings.warn(
-            f"skipping unreadable image {path} ({type(error).__name__}: {error}); "
-            f"{self.num_unreadable} unreadable so far, using another image of the same class",
+            f"unreadable image {self.paths[index]} ({type(error).__name__}: {error}) {what}; "
+            f"{self.num_unreadable} unreadable so far",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -115,26 +164,33 @@ class ImageListDataset(Dataset):
         start = int(np.searchsorted(members, index))
         return [int(i) for i in np.roll(members, -start) if i != index]
 
+    def _try_open(self, index):
+        """The RGB image at ``index``, or None (flagged, warned once) when it cannot be decoded."""
+        if self._unreadable_flags[index]:
+            return None
+        try:
+            return self._open_rgb(self.paths[index])
+        except _UNREADABLE_ERRORS as error:
+            self._note_unreadable(index, error)
+            return None
+
     def load_image(self, index):
-        """The RGB PIL image at ``index``, or a readable same-class substitute."""
-        path = self.paths[index]
-        if path not in self.unreadable_paths:
-            try:
-                return self._open_rgb(path)
-            except _UNREADABLE_ERRORS as error:
-                self._note_unreadable(path, error)
+        """The RGB PIL image at ``index``; if it is unreadable, None (``on_unreadable="skip"``) or
+        a readable same-class substitute (``"substitute"``)."""
+        image = self._try_open(index)
+        if image is not None or self.on_unreadable == "skip":
+            return image
         for other in self._same_class_substitutes(index):
-            other_path = self.paths[other]
-            if other_path in self.unreadable_paths:
-                continue
-            try:
-                return self._open_rgb(other_path)
-            except _UNREADABLE_ERRORS as error:
-                self._note_unreadable(other_path, error)
-        raise RuntimeError(f"no readable image left in class {self.labels[index]} (e.g. {path})")
+            image = self._try_open(other)
+            if image is not None:
+                return image
+        raise RuntimeError(f"no readable image left in class {self.labels[index]} "
+                           f"(e.g. {self.paths[index]})")
 
     def __getitem__(self, index):
         image = self.load_image(index)
+        if image is None:
+            return None  # dropped by collate_skipping_unreadable
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.labels[index])
@@ -145,16 +201,12 @@ class ImageListDataset(Dataset):
         Labels keep their label space, so a class that loses all images just
         becomes empty. Returns the number of unreadable files found.
         """
-        bad = []
-        for index, path in enumerate(self.paths):
-            try:
-                self._open_rgb(path)
-            except _UNREADABLE_ERRORS as error:
-                self._note_unreadable(path, error)
-                bad.append(index)
+        bad = [index for index in range(len(self.paths)) if self._try_open(index) is None]
         if drop and bad:
             keep = np.setdiff1d(np.arange(len(self.paths)), bad)
             self.paths = [self.paths[i] for i in keep]
+            self._dropped_unreadable += len(bad)
+            self._new_unreadable_flags()
             raw_super = None if self.raw_super_labels is None else self.raw_super_labels[keep]
             super_space = None if raw_super is None else self.super_class_ids
             self._set_labels(self.raw_labels[keep], raw_super, label_space=self.class_ids, super_label_space=super_space)
@@ -172,3 +224,14 @@ def first_existing(candidates, predicate=os.path.exists):
         if predicate(candidate):
             return candidate
     return None
+
+
+def collate_skipping_unreadable(batch):
+    """``collate_fn`` for :class:`ImageListDataset` with ``on_unreadable="skip"``: drops the
+    ``None`` items of unreadable images, then collates as PyTorch's default does."""
+    kept = [item for item in batch if item is not None]
+    if not kept:
+        raise RuntimeError(
+            f"all {len(batch)} images of a batch were unreadable: the dataset looks corrupt; "
+            "run dataset.check_images() to find and drop the bad files")
+    return default_collate(kept)

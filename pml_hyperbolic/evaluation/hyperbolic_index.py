@@ -119,8 +119,10 @@ class HyperbolicIndex:
             ``IndexHNSWFlat``; the candidates are then re-ranked by the exact distance; no
             certification, so recall < 1 is possible).
         rtol: relative accuracy of returned distances that are not recomputed exactly.
-        batch_size: queries per faiss search call (bounds memory to O(batch_size · k)).
-        margin: extra candidates fetched beyond k on the first try (default ``max(8, k // 32)``).
+        batch_size: at most this many queries per faiss search call; ``None`` (default) = as
+            many as keep each of a batch's (queries × k') arrays at ~16 MB (memory O(k') per
+            query, never O(N²)).
+        margin: extra candidates fetched beyond k on the first try (default ``max(4, k // 32)``).
         use_gpu: ``None`` = the flat index runs on the GPU(s) whenever faiss sees one (faiss-gpu
             installed); ``False`` = always CPU; ``True`` = GPU for either kind when available.
         hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
@@ -151,7 +153,7 @@ class HyperbolicIndex:
         c: float = 0.1,
         kind: str = "flat",
         rtol: float = 1e-5,
-        batch_size: int = 4096,
+        batch_size: Optional[int] = None,
         margin: Optional[int] = None,
         use_gpu: Optional[bool] = None,
         error_model: str = "typical",
@@ -172,7 +174,7 @@ class HyperbolicIndex:
             raise ValueError(f"kind must be 'flat' or 'hnsw', got {kind!r}")
         if not (rtol > 0 and math.isfinite(rtol)):
             raise ValueError(f"rtol must be > 0, got {rtol}")
-        if int(batch_size) < 1:
+        if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if margin is not None and int(margin) < 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
@@ -183,7 +185,7 @@ class HyperbolicIndex:
             raise ValueError(f"error_model must be 'typical' or 'rigorous', got {error_model!r}")
         self.error_model = error_model
         self.rtol = float(rtol)
-        self.batch_size = int(batch_size)
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.margin = margin
         self.use_gpu = use_gpu
         self.hnsw_m = int(hnsw_m)
@@ -341,13 +343,30 @@ class HyperbolicIndex:
         m = q.shape[0]
         out_d = torch.empty((m, k), dtype=torch.float32)
         out_i = torch.empty((m, k), dtype=torch.int64)
-        for start in range(0, m, self.batch_size):
-            stop = min(m, start + self.batch_size)
+        # float32 copy of the queries when they are float32 numbers (the float32 distance shortcut
+        # is exact-input only); checked once here rather than per batch
+        q32 = None
+        if self._get_ball32() is not None:
+            if q is self._ball:
+                q32 = self._get_ball32()
+            else:
+                q32 = q.to(torch.float32)
+                q32 = q32 if torch.equal(q32.double(), q) else None
+        for start in range(0, m, self._rows_per_batch(k)):
+            stop = min(m, start + self._rows_per_batch(k))
             ids = query_ids[start:stop] if excl else None
-            d, i = self._search_batch(q[start:stop], k, ids)
+            d, i = self._search_batch(q[start:stop], k, ids, None if q32 is None else q32[start:stop])
             out_d[start:stop] = d
             out_i[start:stop] = i
         return out_d.to(device), out_i.to(device)
+
+    def _rows_per_batch(self, k: int) -> int:
+        # at most batch_size, and few enough that each (rows x k') int64 / float64 array of a batch
+        # stays at 16 MB: the allocator then reuses its memory from batch to batch, while larger
+        # blocks are fresh pages every time (measured: ~10% of the whole search at k = 1000)
+        kk = k + 1 + (self.margin if self.margin is not None else max(4, k // 32))
+        rows = max(1, (1 << 21) // kk)
+        return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
 
     def _faiss_search(self, Q32: np.ndarray, kk: int):
         # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
@@ -369,11 +388,11 @@ class HyperbolicIndex:
         s, i = self._index.search(Q32, kk)
         return torch.from_numpy(s), torch.from_numpy(i)
 
-    def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor]):
+    def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor], q32: Optional[Tensor] = None):
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
         # a few candidates past k are enough for the gap test of the certification to succeed
-        margin = self.margin if self.margin is not None else max(8, k // 32)
+        margin = self.margin if self.margin is not None else max(4, k // 32)
         kk = min(n, kk_needed + margin)
         X0, X = _lift(q, self.c)
         Q = X / X0[:, None]
@@ -388,8 +407,10 @@ class HyperbolicIndex:
             # fast path: one faiss call, O(B·k') vectorised work; rows it cannot certify (rare)
             # go to the general loop below with more candidates
             s, idx = self._faiss_search(np.ascontiguousarray(Q32.numpy()), kk)
-            d, i, ok = self._fast_refine(q, X0, qnorm, s, idx, k, ids, complete=(kk >= n))
-            res_d[ok] = d[ok]
+            d, i, ok = self._fast_refine(q, X0, qnorm, s, idx, k, ids, complete=(kk >= n), q32=q32)
+            if bool(ok.all()):  # the common case: no copy through boolean masks
+                return d.to(torch.float32), i
+            res_d[ok] = d[ok].to(res_d.dtype)
             res_i[ok] = i[ok]
             todo = todo[~ok]
             kk = min(n, 2 * kk)
@@ -410,7 +431,7 @@ class HyperbolicIndex:
             kk = min(n, 2 * kk)
         return res_d.to(torch.float32), res_i
 
-    def _fast_refine(self, q, X0, qnorm, s32, idx, k, ids, complete):
+    def _fast_refine(self, q, X0, qnorm, s32, idx, k, ids, complete, q32=None):
         r"""Certified exact top-k from one faiss result (flat index), O(B·k) vectorised work.
 
         *Set.* Every float32 score of query q (returned by faiss or not) is within the
@@ -437,15 +458,13 @@ class HyperbolicIndex:
         if ids is not None:
             s32, idx = _drop_self(s32, idx, ids)
         B, kk = idx.shape
-        s = s32.double()
         e = self._gamma() * qnorm * float(self._norms.max())
-        bar = s[:, k - 1] - 2.0 * e
+        bar = s32[:, k - 1].double() - 2.0 * e
         if self.error_model == "typical":
-            return self._score_refine(q, X0, s, idx, k, e, bar, s_last, complete)
+            return self._score_refine(q, X0, s32, idx, k, e, bar, s_last, complete, q32)
+        s = s32.double()
         fast32 = self._get_ball32() is not None and self._kappa() < self.rtol
-        if fast32:
-            q32 = q.to(torch.float32)
-            fast32 = torch.equal(q32.double(), q)
+        fast32 = fast32 and q32 is not None
         d = torch.full((B, kk), math.inf, dtype=torch.float64)
         d[:, :k] = self._dist_rows32(q32, q, idx[:, :k]) if fast32 else self._exact_rows(q, idx[:, :k])
         tail = s[:, k:] >= bar[:, None]  # later candidates that may still enter the top k
@@ -485,84 +504,140 @@ class HyperbolicIndex:
         ok = (s_last.double() < bar) & ~tail[:, -1] if kk > k else s_last.double() < bar
         return out_d, out_i, ok
 
-    def _score_refine(self, q, X0, s, idx, k, e, bar, s_last, complete):
+    def _score_refine(self, q, X0, s32, idx, k, e, bar, s_last, complete, q32=None):
         r"""``error_model="typical"``: order and distances from the float32 scores themselves,
         float64 recomputation only where they cannot decide (a few % of the pairs).
 
         Scores are sorted, so two candidates can be misordered only inside a *cluster*: a run of
         adjacent positions with gaps :math:`\le 2e_q` (a closer non-adjacent pair implies a
-        close adjacent one). Cluster members among the first k (+ the tail, which always lies in
-        the cluster of position k-1) are recomputed in float64 and their rows sorted by
-        (distance, index), exact distances inside clusters and
-        :math:`\operatorname{arcosh}(-cX_0\hat s)/\sqrt c` elsewhere (a member's true value
-        stays on its side of every gap :math:`> 2e_q`, so mixing keeps the order). Returned
-        distances from scores whose interval is wider than ``rtol`` relative are recomputed too.
+        close adjacent one). Members of the clusters that matter (every multi-member cluster in
+        full-order mode; with ``exact_ranks``, the clusters that straddle a listed rank K, i.e.
+        contain positions K-1 and K) among the first k (+ the tail, which always lies in the
+        cluster of position k-1) are recomputed in float64 and sorted by (distance, index)
+        *within their cluster*: a member's true value stays on its side of every gap
+        :math:`> 2e_q`, so the positions a cluster occupies do not change and no row is re-sorted.
+        Elsewhere the distance is :math:`\operatorname{arcosh}(-cX_0\hat s)/\sqrt c`; those whose
+        interval is wider than ``rtol`` relative (a prefix of each row: the interval shrinks
+        relative to d as d grows) are recomputed too.
+
+        Work per batch: one float64 pass chain for the k distances, O(B) gathers for the rank
+        boundaries and the wide prefixes, and O(marked) for the rest.
         """
         c = self.c
         sqrt_c = math.sqrt(c)
         B, kk = idx.shape
-        tail = s[:, k:] >= bar[:, None]
-        ntail = tail.sum(1)
-        width = min(kk, k + int(ntail.max()) + 1)
-        s, idx = s[:, :width], idx[:, :width]
-        region = torch.arange(width)[None, :] < (k + ntail)[:, None]
-        close = (s[:, :-1] - s[:, 1:]) <= (2.0 * e)[:, None]
-        mark = torch.zeros((B, width), dtype=torch.bool)
-        if self.exact_ranks is None:
-            mark[:, :-1] |= close
-            mark[:, 1:] |= close
+        two_e = 2.0 * e
+        if kk > k:
+            ntail = (s32[:, k:].double() >= bar[:, None]).sum(1)
         else:
-            # only the clusters that straddle a rank boundary K (between positions K-1 and K)
-            # decide a set; cluster = run of positions joined by close gaps
-            cluster = torch.zeros((B, width), dtype=torch.int64)
-            torch.cumsum(~close, dim=1, out=cluster[:, 1:])
-            for K in sorted({r for r in self.exact_ranks if r < k} | {k}):
-                if K >= width:
-                    continue
-                hit = close[:, K - 1]
-                if bool(hit.any()):
-                    rr = hit.nonzero(as_tuple=True)[0]
-                    mark[rr] |= cluster[rr] == cluster[rr, K - 1: K]
-        mark &= region
-        cx0 = c * X0[:, None]
-        d = torch.acosh((-cx0 * s).clamp_min(1.0)) / sqrt_c
-        if mark.any():
-            r, p = mark.nonzero(as_tuple=True)
-            d[r, p] = self._exact_pairs(q, r, idx[r, p])
-            rr = mark.any(dim=1).nonzero(as_tuple=True)[0]
-            dr = torch.where(region[rr], d[rr], math.inf)
-            pr = _sort_by_dist_then_index(dr, idx[rr])
-            mark[rr] = mark[rr].gather(1, pr)
-            d[rr], idx[rr], s[rr] = dr.gather(1, pr), idx[rr].gather(1, pr), s[rr].gather(1, pr)
-        out_d, out_i = d[:, :k].contiguous(), idx[:, :k].contiguous()
-        # accuracy of the distances taken from scores
-        sk, ex = s[:, :k], mark[:, :k]
-        # arcosh(hi) - arcosh(lo) <= (hi - lo) / sqrt(lo^2 - 1) (arcosh' is decreasing): a
-        # sufficient accuracy test without two more arcosh passes
-        lo = (-cx0 * (sk + e[:, None])).clamp_min(1.0)
-        span = (2.0 * cx0) * e[:, None]
-        # exact_ranks: a near-tie left in faiss's order still has every value within rtol of the
-        # true one, and (est_b <= est_a, d_a <= d_b) puts est_b within rtol of d_a: position-wise
-        # distances stay within rtol
-        rtol = self.rtol
-        wide = ~(span <= (rtol * sqrt_c) * out_d * torch.sqrt(lo * lo - 1.0)) & ~ex
-        if wide.any():
-            r, p = wide.nonzero(as_tuple=True)
-            # only accuracy is at stake here (the order is settled): the float32 ball formula
-            # (relative error _kappa() < rtol) is enough when the inputs are float32 numbers
-            ball32 = self._get_ball32() if self._kappa() < rtol else None
-            if ball32 is not None and not torch.equal(q.to(torch.float32).double(), q):
-                ball32 = None
-            out_d[r, p] = self._exact_pairs(q, r, out_i[r, p], ball=ball32)
-            if self.exact_ranks is not None:
-                # recomputed values may undercut a neighbour that kept its score-derived value
-                rr = torch.unique(r)
-                pr = _sort_by_dist_then_index(out_d[rr], out_i[rr])
-                out_d[rr], out_i[rr] = out_d[rr].gather(1, pr), out_i[rr].gather(1, pr)
+            ntail = torch.zeros(B, dtype=torch.int64)
+        region_end = k + ntail  # positions < region_end may belong to the top k
+        width = min(kk, k + int(ntail.max()) + 1)
+        if self.exact_ranks is None:
+            r, p = _all_cluster_members(s32[:, :width], two_e, region_end)
+        else:
+            ranks = sorted({K for K in self.exact_ranks if K < k} | {k})
+            r, p = _boundary_cluster_members(s32, two_e, [K for K in ranks if K < width],
+                                             region_end)
+        # distances from the scores (float64 chain, float32 result)
+        t = s32[:, :k].double()
+        t.mul_((-c * X0)[:, None]).clamp_min_(1.0).acosh_().div_(sqrt_c)
+        out_d = t.to(torch.float32)
+        del t
+        out_i = torch.empty((B, k), dtype=idx.dtype)
+        out_i.copy_(idx[:, :k])
+        marked_key = None
+        if r.numel():
+            cols = idx[r, p]
+            dex = self._exact_pairs(q, r, cols)
+            # cluster id: a new cluster starts where the row changes, a position is skipped, or
+            # the gap to the previous member is not close
+            sp = s32[r, p].double()
+            joined = (r[1:] == r[:-1]) & (p[1:] == p[:-1] + 1) & ((sp[:-1] - sp[1:]) <= two_e[r[1:]])
+            cid = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.int64), (~joined).long()]), 0)
+            order = torch.argsort(cols, stable=True)
+            order = order[torch.argsort(dex[order], stable=True)]
+            order = order[torch.argsort(cid[order], stable=True)]
+            keep = p < k
+            rk, pk = r[keep], p[keep]
+            out_d[rk, pk] = dex[order][keep].to(torch.float32)
+            out_i[rk, pk] = cols[order][keep]
+            marked_key = r * kk + p
+        # accuracy of the distances taken from scores: arcosh(hi) - arcosh(lo) <= (hi - lo) /
+        # sqrt(lo^2 - 1) (arcosh' is decreasing), a sufficient test; narrow for every position
+        # from the first narrow one on (s is sorted), so a binary search finds the wide prefix
+        wide_len = self._wide_prefix(s32, X0, e, k)
+        if bool((wide_len > 0).any()):
+            rows = (wide_len > 0).nonzero(as_tuple=True)[0]
+            lens = wide_len[rows]
+            wr = torch.repeat_interleave(rows, lens)
+            starts = torch.cumsum(lens, 0) - lens
+            wp = torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+            if marked_key is not None:
+                free = ~torch.isin(wr * kk + wp, marked_key)
+                wr, wp = wr[free], wp[free]
+            if wr.numel():
+                # only accuracy is at stake here: the float32 ball formula (relative error
+                # _kappa() < rtol) is enough when the inputs are float32 numbers
+                ball32 = self._get_ball32() if self._kappa() < self.rtol and q32 is not None else None
+                out_d[wr, wp] = self._exact_pairs(q, wr, out_i[wr, wp], ball=ball32,
+                                                  q32=q32).to(torch.float32)
+                self._restore_order(q, out_d, out_i, torch.unique(wr), int(wp.max()) + 2)
         if complete:
             return out_d, out_i, torch.ones(B, dtype=torch.bool)
-        ok = (s_last.double() < bar) & ~tail[:, -1] if kk > k else s_last.double() < bar
+        ok = (s_last.double() < bar) & (region_end < kk) if kk > k else s_last.double() < bar
         return out_d, out_i, ok
+
+    def _wide_prefix(self, s32, X0, e, k):
+        """Per row, the number of leading positions (< k) whose score-derived distance may be off
+        by more than ``rtol`` relative (binary search on the monotone test)."""
+        c = self.c
+        sqrt_c = math.sqrt(c)
+        B = s32.shape[0]
+        cx0 = c * X0
+        span = 2.0 * cx0 * e
+        lo_pos = torch.zeros(B, dtype=torch.int64)
+        hi_pos = torch.full((B,), k, dtype=torch.int64)
+        rows = torch.arange(B)
+        while True:
+            active = lo_pos < hi_pos
+            if not bool(active.any()):
+                return lo_pos
+            mid = torch.where(active, (lo_pos + hi_pos) // 2, lo_pos.clamp_max(k - 1))
+            sm = s32[rows, mid].double()
+            a_mid = (-cx0 * sm).clamp_min(1.0)
+            a_lo = (-cx0 * (sm + e)).clamp_min(1.0)
+            d_est = torch.acosh(a_mid) / sqrt_c
+            narrow = span <= (self.rtol * sqrt_c) * d_est * torch.sqrt(a_lo * a_lo - 1.0)
+            hi_pos = torch.where(active & narrow, mid, hi_pos)
+            lo_pos = torch.where(active & ~narrow, mid + 1, lo_pos)
+
+    def _restore_order(self, q, out_d, out_i, rows, window):
+        """After recomputing some distances in float32 (error ~_kappa()), neighbours may be out of
+        order by that error: recompute such adjacent pairs in float64 (then they are ordered,
+        except inside near-tie clusters left in faiss's order by ``exact_ranks``) and sort the
+        rows that still are not."""
+        if rows.numel() == 0:
+            return
+        w = min(window, out_d.shape[1])
+        if w < 2:
+            return
+        seg = out_d[rows, :w]
+        bad = seg[:, 1:] < seg[:, :-1]
+        if not bool(bad.any()):
+            return
+        br, bp = bad.nonzero(as_tuple=True)
+        rr = torch.cat([rows[br], rows[br]])
+        pp = torch.cat([bp, bp + 1])
+        key = torch.unique(rr * out_d.shape[1] + pp)
+        rr, pp = key // out_d.shape[1], key % out_d.shape[1]
+        out_d[rr, pp] = self._exact_pairs(q, rr, out_i[rr, pp]).to(torch.float32)
+        still = torch.unique(rr)
+        still = still[(out_d[still, 1:] < out_d[still, :-1]).any(dim=1)]
+        if still.numel():
+            perm = _sort_by_dist_index(out_d[still], out_i[still])
+            out_d[still] = out_d[still].gather(1, perm)
+            out_i[still] = out_i[still].gather(1, perm)
 
     def _get_ball32(self):
         """float32 copy of the references if it is exact (float32 inputs), else None; cached."""
@@ -594,18 +669,33 @@ class HyperbolicIndex:
             out[a : a + step] = n / torch.sqrt(bq[a : a + step, None] * self._bball[ii])
         return torch.asinh_(out.mul_(math.sqrt(c))).mul_(2 / math.sqrt(c))
 
-    def _exact_pairs(self, q: Tensor, rows: Tensor, cols: Tensor, ball=None) -> Tensor:
+    def _exact_pairs(self, q: Tensor, rows: Tensor, cols: Tensor, ball=None, q32=None) -> Tensor:
         """Distances of (query row, reference index) pairs, same formula as :meth:`_exact_rows`;
-        float64 unless ``ball`` = the float32 copy is given (relative error ``_kappa()``)."""
+        float64 unless ``ball`` = the float32 copy is given (relative error ``_kappa()``; ``q32``
+        = the float32 queries, when they are exact). In chunks of 2^15 pairs (a few MB gathered at
+        a time, whatever the number of pairs)."""
         c = self.c
-        ball = self._ball if ball is None else ball
-        x = q.index_select(0, rows)
-        bq = (1 - c * (x * x).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
-        diff = ball.index_select(0, cols)
-        diff.sub_(x.to(ball.dtype))
-        n = torch.linalg.vector_norm(diff, dim=1).double()
-        z = n.mul_(math.sqrt(c)).div_(torch.sqrt(bq.mul_(self._bball.index_select(0, cols))))
-        return torch.asinh_(z).mul_(2 / math.sqrt(c))
+        out = torch.empty(rows.shape[0], dtype=torch.float64)
+        # float64 result from float32 inputs: gathering the float32 copy and subtracting in float64
+        # is bit-identical to gathering the float64 rows, with half the memory traffic
+        source = ball if ball is not None else self._get_ball32()
+        if source is None:
+            source = self._ball
+        bq_all = (1 - c * (q * q).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
+        step = 1 << 15
+        for a in range(0, rows.shape[0], step):
+            r, cc = rows[a: a + step], cols[a: a + step]
+            diff = source.index_select(0, cc)
+            if ball is not None:  # float32 arithmetic
+                diff.sub_(q32.index_select(0, r) if q32 is not None else q.index_select(0, r).to(ball.dtype))
+            else:
+                diff = diff.double() if diff.dtype != torch.float64 else diff
+                diff.sub_(q.index_select(0, r))
+            n = torch.linalg.vector_norm(diff, dim=1).double()
+            bq = bq_all.index_select(0, r).mul_(self._bball.index_select(0, cc))
+            z = n.mul_(math.sqrt(c)).div_(bq.sqrt_())
+            out[a: a + step] = torch.asinh_(z).mul_(2 / math.sqrt(c))
+        return out
 
     def _exact_scan(self, q: Tensor, k: int, ids: Optional[Tensor]):
         """Exact top-k of each row by a float64 scan over every reference, sorted by
@@ -732,9 +822,11 @@ class HyperbolicIndex:
             r, p = flag_j.nonzero(as_tuple=True)
             exact[r, arg_ne[r, p + 1]] = True
             exact &= valid
-        key = torch.where(done, lo, A_mid)
-        key = torch.where(valid, key, inf)
+        # sort keys in distance units: exact values for recomputed candidates (cosh of equal
+        # distances is not always equal in float64: torch's vectorised and scalar cosh differ in
+        # the last bit, which would split exact ties), the score's estimate for the others
         dist_all = torch.where(done, exact_d, d_mid)
+        key = torch.where(valid, dist_all, inf)
         # Rows already in (distance, index) order in the first k, with nothing later at or below
         # the k-th key, keep faiss' order; the others are sorted by (distance, index).
         kw = key[:, :lim]
@@ -760,6 +852,69 @@ class HyperbolicIndex:
         return out_d, out_i, ok
 
 
+
+def _all_cluster_members(s32: Tensor, two_e: Tensor, region_end: Tensor):
+    """(rows, positions), row-major, of every member of a multi-member cluster (adjacent float32
+    scores within ``two_e`` of each other) before ``region_end``. The float32 differences are
+    compared with a threshold rounded up, so a close gap is never missed."""
+    B, w = s32.shape
+    if w < 2:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+    thr = (two_e * (1.0 + 2.0 ** -20)).to(torch.float32)
+    close = (s32[:, :-1] - s32[:, 1:]) <= thr[:, None]
+    mark = torch.zeros((B, w), dtype=torch.bool)
+    mark[:, :-1] |= close
+    mark[:, 1:] |= close
+    mark &= torch.arange(w)[None, :] < region_end[:, None]
+    return mark.nonzero(as_tuple=True)
+
+
+def _boundary_cluster_members(s32: Tensor, two_e: Tensor, ranks, region_end: Tensor):
+    """(rows, positions), row-major and unique, of the clusters that contain both position K-1
+    and K for some K in ``ranks`` (each K < number of columns), cut at ``region_end``. Each
+    cluster's extent is found in a window around K that grows until both ends are seen."""
+    B, w = s32.shape
+    keys = []
+    for K in ranks:
+        gap = s32[:, K - 1].double() - s32[:, K].double()
+        rows = (gap <= two_e).nonzero(as_tuple=True)[0]
+        if rows.numel() == 0:
+            continue
+        te = two_e[rows]
+        pos = K - 1
+        half = 8
+        left = torch.full((rows.numel(),), -1, dtype=torch.int64)
+        right = torch.full((rows.numel(),), -1, dtype=torch.int64)
+        todo = torch.arange(rows.numel())
+        while todo.numel():
+            a, b = max(0, pos - half), min(w, pos + half + 2)
+            seg = s32[rows[todo], a:b].double()
+            close = (seg[:, :-1] - seg[:, 1:]) <= te[todo, None]  # gap j joins a+j, a+j+1
+            n_left = pos - a  # gaps a .. pos-1 lie left of position pos
+            j = torch.arange(close.shape[1])
+            brk_left = torch.where(~close[:, :n_left], j[:n_left], -1).amax(1) if n_left else \
+                torch.full((todo.numel(),), -1, dtype=torch.int64)
+            brk_right = torch.where(~close[:, n_left:], j[n_left:], close.shape[1]).amin(1)
+            l_ok = (brk_left >= 0) | (a == 0)
+            r_ok = (brk_right < close.shape[1]) | (b == w)
+            done = l_ok & r_ok
+            left[todo[done]] = a + brk_left[done] + 1
+            right[todo[done]] = torch.clamp(a + brk_right[done], max=w - 1)
+            todo = todo[~done]
+            half *= 4
+        right = torch.minimum(right, region_end[rows] - 1)
+        lens = (right - left + 1).clamp_min(0)
+        rr = torch.repeat_interleave(rows, lens)
+        starts = torch.cumsum(lens, 0) - lens
+        pp = torch.repeat_interleave(left, lens) + torch.arange(int(lens.sum())) - \
+            torch.repeat_interleave(starts, lens)
+        keys.append(rr * w + pp)
+    if not keys:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+    key = torch.unique(torch.cat(keys))
+    return key // w, key % w
+
+
 def _suffix_min(x: Tensor):
     """Row-wise suffix minimum with a trailing +inf column: out[:, p] = min(x[:, p:]) and the
     position of that minimum (the last one among equals)."""
@@ -777,6 +932,8 @@ def _drop_self(s: Tensor, idx: Tensor, ids: Tensor):
     """Remove each row's own index (present at most once); rows without it lose their last
     column instead, so that every row keeps kk - 1 candidates in score order."""
     B, kk = idx.shape
+    if kk > 1 and torch.equal(idx[:, 0], ids):  # self-retrieval: each point is its own nearest
+        return s[:, 1:], idx[:, 1:]
     is_self = idx == ids[:, None]
     # position of the self entry, kk - 1 where absent; keep columns j < pos and j + 1 >= pos
     pos = torch.where(is_self.any(dim=1), is_self.to(torch.uint8).argmax(dim=1), kk - 1)

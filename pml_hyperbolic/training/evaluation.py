@@ -11,6 +11,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
+from pytorch_metric_learning.utils import common_functions as c_f
+
+from ..data.image_list import collate_skipping_unreadable
 
 from .checkpoint import rng_state, set_rng_state, unwrap
 
@@ -25,9 +28,30 @@ def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), bat
     # Only Recall@K: PML's default metric set would also run k-means for NMI/AMI on every test.
     calculator = RecallAtKAccuracyCalculator(k_values=tuple(k_values), c=c,
                                              include=tuple(f"recall_at_{k}" for k in k_values))
-    return GlobalEmbeddingSpaceTester(
+    return SkippingEmbeddingSpaceTester(
         normalize_embeddings=False, batch_size=batch_size, dataloader_num_workers=num_workers,
         data_device=device, accuracy_calculator=calculator, end_of_testing_hook=lambda tester: None)
+
+
+class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
+    """``GlobalEmbeddingSpaceTester`` whose embedding pass tolerates batches made smaller by
+    :func:`~pml_hyperbolic.data.collate_skipping_unreadable`. PML's own pass allocates one row per
+    dataset item and fills them in order, so skipped items would leave zero rows (points at the
+    origin, labelled 0) at the end that take part in the evaluation; here only the rows that were
+    computed are returned."""
+
+    def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
+        embeddings, labels = [], []
+        with torch.no_grad():
+            for data in dataloader:
+                images, label = self.data_and_label_getter(data)
+                label = c_f.process_label(label, "all", self.label_mapper)
+                if label.dim() == 1:
+                    label = label.unsqueeze(1)
+                emb = self.get_embeddings_for_eval(trunk_model, embedder_model, images)
+                embeddings.append(emb.to(self.data_device))
+                labels.append(label.to(self.data_device))
+        return torch.cat(embeddings), torch.cat(labels)
 
 
 def eval_protocol(dataset_name: str) -> List[Tuple[str, List[str]]]:
@@ -78,7 +102,8 @@ class Evaluator:
         trunk, embedder = unwrap(trunk), unwrap(embedder)
         modes = (trunk.training, embedder.training)
         accuracies = self.tester.test(self.eval_sets, epoch, trunk, embedder,
-                                      splits_to_eval=[(q, list(r)) for q, r in self.splits_to_eval])
+                                      splits_to_eval=[(q, list(r)) for q, r in self.splits_to_eval],
+                                      collate_fn=collate_skipping_unreadable)
         query_split = self.splits_to_eval[0][0]
         # The tester deletes its embeddings after testing; capture_hook (its end_of_testing_hook)
         # kept the query split's embeddings for the end-of-run plots.

@@ -32,5 +32,7 @@ class PseudoLabelledDataset(torch.utils.data.Dataset):
         return len(self.base)
 
     def __getitem__(self, index):
-        image = self.base[index][0]
-        return image, torch.as_tensor(self.pseudo[index])
+        item = self.base[index]
+        if item is None:  # an unreadable image: dropped by collate_skipping_unreadable
+            return None
+        return item[0], torch.as_tensor(self.pseudo[index])

@@ -17,6 +17,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ..data.image_list import collate_skipping_unreadable
 from . import config as cfg
 from .checkpoint import CheckpointManager, restore_trainer, unwrap
 from .config import ConfigError
@@ -143,7 +144,8 @@ def backbone_features(model, dataset, device, max_samples=1000, batch_size=128, 
     """Backbone outputs for a seeded subset (δ-hyperbolicity / curvature estimate)."""
     n = len(dataset)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_samples].tolist()
-    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx), batch_size=batch_size)
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx), batch_size=batch_size,
+                                         collate_fn=collate_skipping_unreadable)
     was_training = model.training
     model.eval()
     feats = [model(x.to(device)).float().cpu() for x, _ in loader]
@@ -364,6 +366,20 @@ class Recipe:
         self.eval_sets = {s: seeded_subset(build_dataset(self.dataset_name, s, root=self.data_root, transform=eval_tf),
                                            a.max_eval_samples, a.seed) for s in names}
 
+    def count_unreadable(self) -> int:
+        """Distinct unreadable images met so far in the training and evaluation sets (the counts are
+        shared with DataLoader workers; the two training views share their files)."""
+        def base(ds):
+            while isinstance(ds, torch.utils.data.Subset) or hasattr(ds, "base"):
+                ds = ds.dataset if isinstance(ds, torch.utils.data.Subset) else ds.base
+            return ds
+
+        bases = {id(b): b for b in map(base, [self.train_set, self.train_eval_set, *self.eval_sets.values()])}
+        paths = set()
+        for b in bases.values():
+            paths.update(getattr(b, "unreadable_paths", ()))
+        return len(paths) + sum(getattr(b, "_dropped_unreadable", 0) for b in bases.values())
+
     def setup_model(self):
         from ..backbones import build_backbone
 
@@ -464,6 +480,7 @@ class Recipe:
             optimizers=optimizers, batch_size=per_rank_batch,
             loss_funcs={k: wrap_loss(v, self.ctx) for k, v in loss_funcs.items()}, mining_funcs=mining_funcs,
             dataset=self.train_set, sampler=sampler, iterations_per_epoch=a.steps_per_epoch,
+            collate_fn=collate_skipping_unreadable,
             data_device=self.device, dataloader_num_workers=a.num_workers,
             label_hierarchy_level=self.label_hierarchy_level, end_of_epoch_hook=hook,
             freeze_these=("trunk",) if a.freeze_trunk else (),  # PML keeps a frozen model in eval mode
@@ -513,6 +530,11 @@ class Recipe:
                 "world_size": self.ctx.world_size, "run_dir": self.run_dir,
                 "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
             }
+            unreadable = self.count_unreadable()
+            if unreadable:
+                self.say(f"[pml-hyperbolic] {unreadable} unreadable image(s) were skipped (see the warnings above; "
+                         "dataset.check_images() lists them)")
+            results["unreadable_images_skipped"] = unreadable
             run_logger.write_json("results.json", results)
             self.say(f"[pml-hyperbolic] results, checkpoints and plots in {self.run_dir}/ "
                      f"({results['wall_seconds']:.0f} s)")
@@ -537,8 +559,30 @@ def compute_embeddings(trunk, head, dataset, device, batch_size=128, num_workers
     modes = (trunk.training, head.training)
     trunk.eval()
     head.eval()
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-    out = [head(trunk(batch[0].to(device))).float().cpu() for batch in loader]
+    loader = torch.utils.data.DataLoader(_WithIndex(dataset), batch_size=batch_size, num_workers=num_workers,
+                                         collate_fn=collate_skipping_unreadable)
+    out = None
+    for index, images in loader:
+        emb = head(trunk(images.to(device))).float().cpu()
+        if out is None:
+            # rows of unreadable images (skipped by the loader) stay at the origin
+            out = torch.zeros(len(dataset), emb.shape[1])
+        out[index] = emb
     trunk.train(modes[0])
     head.train(modes[1])
-    return torch.cat(out)
+    return out
+
+
+class _WithIndex(torch.utils.data.Dataset):
+    """``(index, image)`` items, ``None`` where the base dataset skipped an unreadable image, so
+    that per-index outputs stay aligned."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        item = self.base[index]
+        return None if item is None else (index, item[0])
