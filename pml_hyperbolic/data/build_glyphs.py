@@ -211,6 +211,13 @@ def debian_license_summary(package):
     license_match = re.search(r"^License:\s*(.+)$", chosen, re.M)
     copyright_match = re.search(r"^Copyright:\s*(.+(?:\n\s+.+)*)", chosen, re.M)
     licence = license_match.group(1).strip() if license_match else "see copyright file"
+    body = re.search(r"^License:.*\n((?:[ \t].*\n?)+)", chosen, re.M)
+    if license_match and body:
+        # a licence written out in the Files stanza itself (e.g. fonts-misaki's "Original"): its
+        # name alone says nothing, so quote the terms (first paragraph)
+        terms = " ".join(body.group(1).split("\n .")[0].split())
+        terms = terms if len(terms) <= 300 else terms[:297] + "..."
+        licence = f"{licence}: \"{terms}\""
     holders = " ".join(copyright_match.group(1).split()) if copyright_match else ""
     if not license_match and "ARPHIC PUBLIC LICENSE" in text.upper():  # pre-DEP-5 copyright file
         licence, holders = "Arphic Public License", "1994-1999 Arphic Technology Co., Ltd."
