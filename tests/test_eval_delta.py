@@ -7,9 +7,16 @@ from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.evaluation import gromov_delta, relative_delta, suggest_curvature
 
 
-def naive_delta(D, base=0):
+def naive_delta(D, base=0, rows=None):
+    """δ = max_ij (max_k min(G_ik, G_kj) - G_ij), the (max, min) product by broadcasting (in slices
+    of ``rows`` rows when given, so that large n fits in memory)."""
     G = 0.5 * (D[base][:, None] + D[base][None, :] - D)
-    return max(0.0, float((torch.minimum(G[:, :, None], G[None, :, :]).amax(1) - G).max()))
+    rows = rows or G.shape[0]
+    best = 0.0
+    for a in range(0, G.shape[0], rows):
+        mm = torch.minimum(G[a:a + rows, :, None], G[None, :, :]).amax(1)
+        best = max(best, float((mm - G[a:a + rows]).max()))
+    return best
 
 
 @pytest.mark.parametrize("n", [3, 17, 64, 130])
@@ -68,6 +75,8 @@ def test_hyperbolic_plane_is_more_hyperbolic_than_euclidean_plane():
     # H^2 satisfies the four-point condition with δ <= log(1 + sqrt 2) (+ slack for float error);
     # the same set with Euclidean distances (diameter 16) has a much larger δ
     assert d_h <= math.log(1 + math.sqrt(2)) + 1e-9
+    assert d_h == pytest.approx(naive_delta(pb.pairwise_dist(x, x, 1.0).fill_diagonal_(0)), rel=1e-12)
+    assert d_h > 0.1  # not a degenerate (tree-like) sample
     assert relative_delta(x, metric="poincare", c=1.0) < 0.5 * relative_delta(v)
     # scaling the metric scales δ
     D = pb.pairwise_dist(x, x, 1.0)
@@ -100,3 +109,16 @@ def test_bad_inputs():
         gromov_delta(torch.zeros(3, 2), base=5)
     with pytest.raises(ValueError, match="n_draws"):
         relative_delta(torch.zeros(3, 2), n_draws=0)
+
+
+def test_large_set_blocks_and_pruning_equal_the_reference():
+    # n = 600 ball points: many (16 x 64) tiles, most of them skipped by the pruning bound; the
+    # result must still be the reference's maximum, at every base point tried
+    v = torch.randn(600, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = pb.expmap0(v * (2.0 / v.norm(dim=1, keepdim=True)) * torch.rand(600, 1, dtype=torch.float64,
+                   generator=torch.Generator().manual_seed(4)), 0.5)
+    D = pb.pairwise_dist(x, x, 0.5).fill_diagonal_(0)
+    for base in (0, 299):
+        want = naive_delta(D, base, rows=25)
+        assert gromov_delta(x, metric="poincare", c=0.5, base=base) == pytest.approx(want, rel=1e-12)
+        assert gromov_delta(distances=D, base=base, block_rows=7, block_cols=33) == pytest.approx(want, rel=1e-12)

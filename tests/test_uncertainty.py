@@ -93,3 +93,21 @@ def test_recall_table_never_splits_ties_by_data_order():
     table = uncertainty_recall_table(z, labels, c=0.1, n_bins=4, uncertainty=u)
     assert [r["count"] for r in table] == [10, 10, 10, 10]
     assert [r["u_min"] for r in table] == [0.0, 10.0, 20.0, 30.0]
+
+
+def test_recall_table_leaves_lone_queries_out_like_the_calculator():
+    from pml_hyperbolic.evaluation import RecallAtKAccuracyCalculator, uncertainty_recall_table
+
+    g = torch.Generator().manual_seed(1)
+    z = ToPoincare(c=0.1, clip_r=10.0)(torch.randn(60, 6, generator=g))
+    labels = torch.cat([torch.arange(25).repeat_interleave(2), torch.arange(100, 110)])  # 10 lone
+    u = torch.rand(60, generator=g, dtype=torch.float64)
+    table = uncertainty_recall_table(z, labels, c=0.1, n_bins=5, uncertainty=u)
+    assert sum(r["count"] for r in table) == 50
+    pooled = sum(r["recall_at_1"] * r["count"] for r in table) / 50
+    calc = RecallAtKAccuracyCalculator(k_values=(1,), c=0.1, include=("recall_at_1",))
+    assert pooled == pytest.approx(calc.get_accuracy(z, labels)["recall_at_1"])
+    # lone queries' uncertainties do not shape the bins
+    assert max(r["u_max"] for r in table) == pytest.approx(float(u[:50].max()))
+    with pytest.raises(ValueError, match="alone in its class"):
+        uncertainty_recall_table(z[:5], torch.arange(5), c=0.1, uncertainty=u[:5])

@@ -31,7 +31,9 @@ def uncertainty_recall_table(
 
     where recall_at_1 = fraction of the bin's queries whose nearest neighbour (Poincaré distance,
     :class:`HyperbolicKNN`, self excluded) has the same label. A falling recall with rising
-    uncertainty supports the claim. ``uncertainty`` may be given precomputed ((N,) tensor).
+    uncertainty supports the claim. Queries whose class has no other member ("lone" queries) cannot be
+    retrieved correctly and are left out, as in :class:`RecallAtKAccuracyCalculator` (so the
+    bins' recall averages to its Recall@1); they still serve as neighbours. ``uncertainty`` may be given precomputed ((N,) tensor).
     Returns a list of dicts (one per non-empty bin).
 
     Equal uncertainties always share a bin (the bin of the tie's lowest rank), so a tie is never
@@ -60,7 +62,13 @@ def uncertainty_recall_table(
         raise ValueError("uncertainty must have one entry per embedding")
     knn = knn_func if knn_func is not None else HyperbolicKNN(c=c)
     _, nn = knn(x.float(), 1, x.float(), True)
-    hit = (y.cpu()[nn[:, 0].cpu()] == y.cpu()).double()
+    y = y.cpu()
+    hit = (y[nn[:, 0].cpu()] == y).double()
+    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    keep = counts[inverse] > 1
+    if not bool(keep.any()):
+        raise ValueError("every query is alone in its class: Recall@1 is undefined")
+    hit, u = hit[keep], u[keep]
     un = u.numpy()
     order = np.argsort(un, kind="stable")
     sorted_u = un[order]
