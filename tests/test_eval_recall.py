@@ -72,3 +72,21 @@ def test_euclidean_default_and_bad_args():
         RecallAtKAccuracyCalculator(k_values=())
     with pytest.raises(ValueError, match="K=100"):
         RecallAtKAccuracyCalculator(k_values=(1, 100), c=0.1, device=CPU).get_accuracy(x, y)
+
+
+def test_recall_only_calculator_uses_the_set_exact_search():
+    from pml_hyperbolic.evaluation import HyperbolicKNN, RecallAtKAccuracyCalculator
+
+    only_recall = RecallAtKAccuracyCalculator(k_values=(1, 4), c=0.1, include=("recall_at_1", "recall_at_4"))
+    assert only_recall.knn_func.index_kwargs.get("exact_ranks") == (1, 4)
+    with_map = RecallAtKAccuracyCalculator(k_values=(1, 4), c=0.1)  # MAP@R needs the full order
+    assert with_map.knn_func.index_kwargs.get("exact_ranks") is None
+    mine = HyperbolicKNN(c=0.1)
+    given = RecallAtKAccuracyCalculator(k_values=(1,), c=0.1, include=("recall_at_1",), knn_func=mine)
+    assert given.knn_func is mine
+    # same Recall@K either way
+    g = torch.Generator().manual_seed(0)
+    x = 0.3 * torch.nn.functional.normalize(torch.randn(300, 16, generator=g), dim=1) * torch.rand(300, 1, generator=g)
+    y = torch.randint(0, 30, (300,), generator=g)
+    a, b = only_recall.get_accuracy(x, y), with_map.get_accuracy(x, y)
+    assert a["recall_at_1"] == b["recall_at_1"] and a["recall_at_4"] == b["recall_at_4"]
