@@ -423,9 +423,15 @@ class HyperbolicIndex:
                 res_d[todo], res_i[todo] = d, i
                 break
             s, idx = self._faiss_search(np.ascontiguousarray(Q32[todo].numpy()), kk)
-            d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k,
-                                    None if ids is None else ids[todo], complete=(kk >= n))
-            res_d[todo[ok]] = d[ok]
+            sub_ids = None if ids is None else ids[todo]
+            if self.kind == "flat" and self.error_model == "typical":
+                # the cluster method of the fast path works for any k' (one vectorised pass)
+                d, i, ok = self._fast_refine(q[todo], X0[todo], qnorm[todo], s, idx, k, sub_ids,
+                                             complete=(kk >= n), q32=None if q32 is None else q32[todo])
+            else:
+                d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k, sub_ids,
+                                        complete=(kk >= n))
+            res_d[todo[ok]] = d[ok].to(res_d.dtype)
             res_i[todo[ok]] = i[ok]
             todo = todo[~ok]
             kk = min(n, 2 * kk)
@@ -707,7 +713,8 @@ class HyperbolicIndex:
         out_d = torch.empty((B, k), dtype=torch.float64)
         out_i = torch.empty((B, k), dtype=torch.int64)
         rows_per_block = 16
-        chunk = max(k, (1 << 22) // max(1, rows_per_block * D))
+        # ~16 MB temporaries: the allocator reuses them (larger ones are fresh pages every time)
+        chunk = max(k, (1 << 21) // max(1, rows_per_block * D))
         bq_all = (1 - c * (q * q).sum(1)).clamp_min(torch.finfo(torch.float64).tiny)
         for a in range(0, B, rows_per_block):
             x = q[a: a + rows_per_block]
