@@ -340,3 +340,26 @@ def test_build_dataset_rejects_unknown_names_and_splits():
         build_dataset("imagenet", "train")
     with pytest.raises(ValueError, match="splits"):
         build_dataset("cars196", "query")
+
+
+def test_recipe_counts_each_unreadable_file_once_across_its_datasets(tmp_path):
+    # the runner's end-of-run report: two views of the training set (same files), a pseudo-label
+    # wrapper, a subset and the test split; a file met in two views is one unreadable file
+    from types import SimpleNamespace
+
+    from pml_hyperbolic.training.pseudo_labels import PseudoLabelledDataset
+    from pml_hyperbolic.training.runner import LabelledSubset, Recipe
+
+    make_sop(str(tmp_path))
+    train_a = OnlineProductsDataset(str(tmp_path), "train")
+    train_b = OnlineProductsDataset(str(tmp_path), "train")
+    test = OnlineProductsDataset(str(tmp_path), "test")
+    break_image(train_a.paths[0])
+    break_image(test.paths[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for ds in (train_a, train_b, test):
+            [ds[i] for i in range(len(ds))]
+    fake = SimpleNamespace(train_set=PseudoLabelledDataset(LabelledSubset(train_a, [0, 1, 2])),
+                           train_eval_set=train_b, eval_sets={"test": torch.utils.data.Subset(test, [0, 1])})
+    assert Recipe.count_unreadable(fake) == 2
