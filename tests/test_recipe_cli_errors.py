@@ -34,6 +34,15 @@ def test_auto_with_bad_data_root_does_not_fall_back_silently(capsys, tmp_path):
     assert "no supported layout" in err
 
 
+def test_hub_weights_unavailable(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no-torch-cache"))
+    argv = TINY + ["--backbone", "vit_small_patch16_224", "--pretrained", "true", "--output-dir", str(tmp_path)]
+    err = fails("hyp_vit", "HypViT", argv, capsys)
+    assert "HF_HUB_OFFLINE is set" in err and "--backbone-checkpoint FILE" in err and "Traceback" not in err
+
+
 def test_batch_not_divisible(capsys, tmp_path):
     argv = TINY + ["--batch-size", "18", "--output-dir", str(tmp_path)]
     err = fails("hyp_vit", "HypViT", argv, capsys)

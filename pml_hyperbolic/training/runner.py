@@ -17,6 +17,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ..backbones import PretrainedWeightsUnavailableError
 from ..data.image_list import collate_skipping_unreadable
 from . import config as cfg
 from .checkpoint import CheckpointManager, restore_trainer, unwrap
@@ -271,7 +272,7 @@ class Recipe:
         try:
             args = cls.parse(argv)
             return cls(args).run()
-        except ConfigError as err:
+        except (ConfigError, PretrainedWeightsUnavailableError) as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2)
 
