@@ -90,3 +90,27 @@ def test_recall_only_calculator_uses_the_set_exact_search():
     y = torch.randint(0, 30, (300,), generator=g)
     a, b = only_recall.get_accuracy(x, y), with_map.get_accuracy(x, y)
     assert a["recall_at_1"] == b["recall_at_1"] and a["recall_at_4"] == b["recall_at_4"]
+
+
+@pytest.mark.parametrize("c", [None, 0.1])
+def test_calculator_bad_inputs_give_clear_errors(c):
+    calc = RecallAtKAccuracyCalculator(k_values=(1,), c=c, include=("recall_at_1",))
+    x = 0.3 * torch.nn.functional.normalize(torch.randn(20, 4), dim=1)
+    y = torch.arange(20) % 4
+    with pytest.raises(ValueError, match="query is empty"):
+        calc.get_accuracy(x[:0], y[:0])
+    with pytest.raises(ValueError, match="reference is empty"):
+        calc.get_accuracy(x, y, x[:0], y[:0])
+    for bad_value in (float("nan"), float("inf")):
+        bad = x.clone()
+        bad[3, 1] = bad_value
+        with pytest.raises(ValueError, match="NaN/Inf values in 1 of 20"):
+            calc.get_accuracy(bad, y)  # query = reference
+        with pytest.raises(ValueError, match="reference contains NaN/Inf"):
+            calc.get_accuracy(x, y, bad, y)
+    with pytest.raises(ValueError, match="dimension 4 but reference has dimension 3"):
+        calc.get_accuracy(x, y, torch.zeros(5, 3), torch.zeros(5))
+    with pytest.raises(ValueError, match="20 embeddings but 19 labels"):
+        calc.get_accuracy(x, y[:19])
+    with pytest.raises(ValueError, match="2-D"):
+        calc.get_accuracy(x[0], y[:1])

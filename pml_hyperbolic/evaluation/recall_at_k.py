@@ -100,6 +100,20 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
         hit = same.reshape(same.shape[0], -1).any(dim=1).to(torch.float64)
         return maybe_get_avg_of_avgs(hit, query_labels, self.avg_of_avgs, self.return_per_class)
 
+    def get_accuracy(self, query, query_labels, reference=None, reference_labels=None,
+                     ref_includes_query=False, include=(), exclude=()):
+        """PML's ``get_accuracy``, after checks that turn bad input into one clear error (PML
+        itself fails deep inside with a reshape error on empty sets, a misleading "reference must
+        start with query" on NaN, or silently ranks NaN / Inf embeddings in Euclidean mode)."""
+        _check_embeddings(query, query_labels, "query")
+        if reference is not None:
+            _check_embeddings(reference, reference_labels, "reference")
+            if reference.shape[1] != query.shape[1]:
+                raise ValueError(f"query has dimension {query.shape[1]} but reference has dimension "
+                                 f"{reference.shape[1]}")
+        return super().get_accuracy(query, query_labels, reference, reference_labels,
+                                    ref_includes_query, include=include, exclude=exclude)
+
     def determine_k(self, bin_counts, num_reference_embeddings, ref_includes_query):
         available = num_reference_embeddings - int(ref_includes_query)
         wanted_recall = [
@@ -116,3 +130,19 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
         if set(self.get_curr_metrics()) & set(_R_METRICS):
             need = max(need, int(torch.max(bin_counts).item()) - int(ref_includes_query))
         return max(1, min(need, available))
+
+
+def _check_embeddings(embeddings, labels, name: str) -> None:
+    if not hasattr(embeddings, "shape") or len(embeddings.shape) != 2:
+        raise ValueError(f"{name} must be a 2-D (N x D) array, got shape {getattr(embeddings, 'shape', None)}")
+    if embeddings.shape[0] == 0:
+        raise ValueError(f"{name} is empty (0 embeddings): nothing to evaluate")
+    x = torch.as_tensor(embeddings)
+    if torch.is_floating_point(x) and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).any(dim=1).sum())
+        raise ValueError(f"{name} contains NaN/Inf values in {bad} of {x.shape[0]} embeddings "
+                         "(a diverged model or an empty batch upstream?)")
+    if labels is None:
+        raise ValueError(f"{name} labels are missing")
+    if len(labels) != embeddings.shape[0]:
+        raise ValueError(f"{name} has {embeddings.shape[0]} embeddings but {len(labels)} labels")
