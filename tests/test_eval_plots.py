@@ -75,3 +75,63 @@ def test_plot_bad_inputs(tmp_path):
         plot_poincare_disk(x, y[:5], tmp_path / "a.png")
     with pytest.raises(ValueError, match="n_bins"):
         uncertainty_recall_table(x, y, n_bins=0)
+
+
+def test_group_colours_are_distinct_hues():
+    import numpy as np
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import group_colours
+
+    for n in (2, 6, 10, 12, 20):
+        rgb = group_colours(n)[:, :3]
+        assert rgb.shape == (n, 3)
+        gaps = np.linalg.norm(rgb[:, None] - rgb[None], axis=2) + np.eye(n) * 9
+        # neighbouring group ids (e.g. two sibling classes) never differ in lightness only
+        assert min(np.linalg.norm(rgb[i] - rgb[i + 1]) for i in range(n - 1)) > 0.2
+        if n <= 10:
+            assert gaps.min() > 0.25
+        assert len({tuple(c) for c in rgb}) == n
+    assert group_colours(50).shape == (50, 4)
+
+
+def _pixels_near(image, rgb, tol=0.06):
+    import numpy as np
+
+    return int((np.abs(image[:, :, :3] - np.asarray(rgb)[None, None]).max(axis=2) < tol).sum())
+
+
+def test_disk_plot_pixels_show_the_disk_the_groups_and_the_shading(tmp_path):
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import group_colours
+
+    # three well separated groups along the first axis
+    centres = torch.tensor([[-2.0, 0.0], [0.0, 1.5], [2.0, 0.0]], dtype=torch.float64)
+    y = torch.arange(3).repeat_interleave(20)
+    v = centres[y] + 0.05 * torch.randn(60, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = pb.expmap0(v, 1.0)
+    path = tmp_path / "disk.png"
+    plot_poincare_disk(x, y, path, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30)
+    image = mpimg.imread(path)
+    dark = image[:, :, :3].max(axis=2) < 0.25
+    rows, cols = np.nonzero(dark)
+    # the unit circle: a square bounding box, centred, and hollow in the middle
+    height, width = rows.max() - rows.min(), cols.max() - cols.min()
+    assert abs(height - width) <= 3 and height > 200
+    centre = (rows.min() + height // 2, cols.min() + width // 2)
+    assert not dark[centre[0] - 20:centre[0] + 20, centre[1] - 20:centre[1] + 20].any()
+    colours = group_colours(3)[:, :3]
+    for rgb in colours:
+        assert _pixels_near(image, rgb) > 50  # each group's colour is on the canvas
+    # shading: the most uncertain group is drawn faint (blended towards white), the others full
+    u = (y == 2).double()
+    shaded = tmp_path / "shaded.png"
+    plot_poincare_disk(x, y, shaded, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30, uncertainty=u)
+    image = mpimg.imread(shaded)
+    # (overlapping faint markers add up, so a few pixels of the full colour may remain)
+    assert _pixels_near(image, colours[2]) < 0.2 * _pixels_near(image, colours[0])
+    # the faint group: green-tinted pixels (green channel on top) lighter than the full colour
+    rgb = image[:, :, :3]
+    greenish_pale = (rgb[:, :, 1] > rgb[:, :, 0] + 0.03) & (rgb[:, :, 1] > rgb[:, :, 2] + 0.03) & (rgb.min(axis=2) > 0.3)
+    assert greenish_pale.sum() > 50

@@ -36,6 +36,20 @@ def tangent_pca_2d(embeddings, c: float, keep_radius: bool = True) -> torch.Tens
     return pb.project(pb.expmap0(v2, c), c)
 
 
+def group_colours(n_groups: int) -> np.ndarray:
+    """(n_groups × 4) RGBA colours, one per group: up to 10 the ten distinct hues of ``tab10``; up to
+    20 those ten hues dark, then light (``tab20`` reordered: ``tab20`` itself puts each dark/light
+    pair next to each other, so groups 0 and 1 would differ only in lightness); beyond, ``viridis``."""
+    import matplotlib
+
+    if n_groups <= 10:
+        return matplotlib.colormaps["tab10"](np.arange(n_groups))
+    if n_groups <= 20:
+        order = np.r_[np.arange(0, 20, 2), np.arange(1, 20, 2)]
+        return matplotlib.colormaps["tab20"](order[:n_groups])
+    return matplotlib.colormaps["viridis"](np.linspace(0.0, 1.0, n_groups))
+
+
 def plot_poincare_disk(
     embeddings,
     labels,
@@ -90,8 +104,7 @@ def plot_poincare_disk(
     c_val = float(pb.as_curvature(c, torch.float64))
     p2 = (tangent_pca_2d(x, c_val) * math.sqrt(c_val)).numpy()
     _, codes = np.unique(colour_ids.numpy(), return_inverse=True)
-    cmap = plt.get_cmap("tab20" if codes.max() < 20 else "viridis")
-    colours = cmap(codes / max(1, codes.max()) if codes.max() >= 20 else codes % 20)
+    colours = group_colours(int(codes.max()) + 1)[codes]
     if uncertainty is not None:
         u = torch.as_tensor(uncertainty).detach().double().reshape(-1).cpu().numpy()
         if u.shape[0] != x.shape[0]:
