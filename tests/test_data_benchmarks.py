@@ -230,6 +230,31 @@ def test_malformed_files_give_the_same_clear_error(tmp_path):
     (inshop / "list_eval_partition.txt").write_text("3\nwrong header\n")
     with pytest.raises(DatasetNotFoundError, match="image_name item_id evaluation_status"):
         InShopDataset(str(inshop), "train")
+    (inshop / "list_eval_partition.txt").write_text("0\nimage_name item_id evaluation_status\n")
+    with pytest.raises(DatasetNotFoundError, match="no images listed for split 'train'"):
+        InShopDataset(str(inshop), "train")
+    # CUB list files with garbage, in both the nested (PML's reader) and flat layouts
+    for nested in (True, False):
+        cub = tmp_path / ("cub_nested" if nested else "cub_flat")
+        base = cub / "CUB_200_2011" if nested else cub
+        base.mkdir(parents=True)
+        make_cub(str(base))
+        (base / "image_class_labels.txt").write_text("1 2 3 4\nnot numbers\n")
+        with pytest.raises(DatasetNotFoundError, match="malformed"):
+            CUB200Dataset(str(cub), "train")
+    # Cars in the Kaggle (PML) layout with a broken annotation CSV
+    kaggle = tmp_path / "cars_kaggle"
+    kaggle.mkdir()
+    make_cars_pml(str(kaggle))
+    (kaggle / "anno_train.csv").write_text("00001.jpg,1,2,10,11,not-a-class\n")
+    with pytest.raises(DatasetNotFoundError, match="malformed"):
+        Cars196Dataset(str(kaggle), "train")
+    # SOP with a non-numeric class id
+    sop_bad = tmp_path / "sop_bad"
+    make_sop(str(sop_bad))
+    (sop_bad / "Ebay_train.txt").write_text("image_id class_id super_class_id path\n1 x 1 a_final/1.JPG\n")
+    with pytest.raises(DatasetNotFoundError, match="line 2"):
+        OnlineProductsDataset(str(sop_bad), "train")
 
 
 def break_image(path):

@@ -63,6 +63,7 @@ class Cars196Dataset(ImageListDataset):
             raise missing_dataset_error("Cars196", root, self.LAYOUTS, self.SOURCE)
         self.layout = layout
         paths, labels = (self._read_stanford if layout == "stanford" else self._read_pml)(root, split)
+        _require_images(paths, "Cars196", root, self.LAYOUTS[0 if layout == "stanford" else 1], split, self.SOURCE)
         super().__init__(paths, labels, transform=transform, split=split, **kwargs)
 
     def _read_stanford(self, root, split):
@@ -83,8 +84,18 @@ class Cars196Dataset(ImageListDataset):
     def _read_pml(self, root, split):
         from pytorch_metric_learning.datasets import Cars196
 
-        pml = Cars196(root=root, split=split, download=False)
-        return pml.paths, np.asarray(pml.labels, dtype=np.int64)
+        try:
+            pml = Cars196(root=root, split=split, download=False)
+            return pml.paths, np.asarray(pml.labels, dtype=np.int64)
+        except (ValueError, KeyError, IndexError, OSError) as error:  # a malformed names.csv / anno_*.csv
+            raise missing_dataset_error(
+                "Cars196", root, (self.LAYOUTS[1] + f" [malformed: {type(error).__name__}: {error}]",), self.SOURCE
+            ) from error
+
+
+def _require_images(paths, dataset_name, root, layout, split, source):
+    if not len(paths):
+        raise missing_dataset_error(dataset_name, root, (f"{layout} [no images listed for split {split!r}]",), source)
 
 
 class CUB200Dataset(ImageListDataset):
@@ -120,13 +131,20 @@ class CUB200Dataset(ImageListDataset):
         base = self._base(root)
         if base is None:
             raise missing_dataset_error("CUB-200-2011", root, self.LAYOUTS, self.SOURCE)
-        if os.path.basename(os.path.normpath(base)) == "CUB_200_2011":
-            from pytorch_metric_learning.datasets import CUB
+        layout = self.LAYOUTS[0 if os.path.basename(os.path.normpath(base)) == "CUB_200_2011" else 1]
+        try:
+            if os.path.basename(os.path.normpath(base)) == "CUB_200_2011":
+                from pytorch_metric_learning.datasets import CUB
 
-            pml = CUB(root=os.path.dirname(os.path.normpath(base)), split=split, download=False)
-            paths, labels = pml.paths, np.asarray(pml.labels, dtype=np.int64)
-        else:  # a renamed folder, which PML's CUB cannot address
-            paths, labels = self._read_lists(base, split)
+                pml = CUB(root=os.path.dirname(os.path.normpath(base)), split=split, download=False)
+                paths, labels = pml.paths, np.asarray(pml.labels, dtype=np.int64)
+            else:  # a renamed folder, which PML's CUB cannot address
+                paths, labels = self._read_lists(base, split)
+        except (ValueError, KeyError, IndexError, OSError) as error:  # malformed list files
+            raise missing_dataset_error(
+                "CUB-200-2011", root, (layout + f" [malformed: {type(error).__name__}: {error}]",), self.SOURCE
+            ) from error
+        _require_images(paths, "CUB-200-2011", root, layout, split, self.SOURCE)
         super().__init__(paths, labels, transform=transform, split=split, **kwargs)
 
     @staticmethod
@@ -189,13 +207,21 @@ class OnlineProductsDataset(ImageListDataset):
                     (f"Ebay_{split}.txt starting with 'image_id class_id super_class_id path' (found {header})",),
                     self.SOURCE,
                 )
-            for line in handle:
+            for number, line in enumerate(handle, start=2):
                 fields = line.split()
                 if len(fields) < 4:
                     continue
-                labels.append(int(fields[1]))
-                super_labels.append(int(fields[2]))
+                try:
+                    labels.append(int(fields[1]))
+                    super_labels.append(int(fields[2]))
+                except ValueError as error:
+                    raise missing_dataset_error(
+                        "Stanford Online Products", root,
+                        (f"Ebay_{split}.txt with integer class ids [line {number}: {line.strip()!r}]",), self.SOURCE,
+                    ) from error
                 paths.append(os.path.join(base, fields[3]))
+        _require_images(paths, "Stanford Online Products", root, f"Ebay_{split}.txt listing images", split,
+                        self.SOURCE)
         super().__init__(paths, np.asarray(labels), np.asarray(super_labels), transform=transform, split=split,
                          **kwargs)
 
@@ -247,6 +273,7 @@ class InShopDataset(ImageListDataset):
         wanted = ("query", "gallery") if split == "test" else (split,)
         chosen = [r for r in rows if r[2] in wanted]
         paths = [os.path.join(image_base, r[0]) for r in chosen]
+        _require_images(paths, "In-Shop Clothes", root, f"{partition} listing images", split, self.SOURCE)
         items = np.asarray([r[1] for r in chosen])
         categories = np.asarray(["/".join(r[0].split("/")[1:3]) for r in chosen])
         label_space = super_label_space = None
