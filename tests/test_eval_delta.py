@@ -122,3 +122,22 @@ def test_large_set_blocks_and_pruning_equal_the_reference():
         want = naive_delta(D, base, rows=25)
         assert gromov_delta(x, metric="poincare", c=0.5, base=base) == pytest.approx(want, rel=1e-12)
         assert gromov_delta(distances=D, base=base, block_rows=7, block_cols=33) == pytest.approx(want, rel=1e-12)
+
+
+def test_sampled_estimate_is_the_mean_and_spread_of_the_draws():
+    # the documented sampling: n_draws seeded random subsets (torch.randperm with one generator),
+    # each subset's relative δ at its first point, then mean and standard deviation
+    x = torch.randn(300, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(11)
+    values = []
+    for _ in range(5):
+        sel = torch.randperm(300, generator=gen)[:60]
+        D = torch.cdist(x[sel], x[sel])
+        values.append(2 * naive_delta(D, 0) / float(D.max()))
+    mean, std = relative_delta(x, n_samples=60, n_draws=5, seed=11, return_std=True)
+    assert mean == pytest.approx(float(torch.tensor(values, dtype=torch.float64).mean()), rel=1e-12)
+    assert std == pytest.approx(float(torch.tensor(values, dtype=torch.float64).std(unbiased=False)), rel=1e-9)
+    assert std > 0  # the draws differ
+    # as many samples as points: one exact value, no spread
+    exact = 2 * naive_delta(torch.cdist(x, x), 0) / float(torch.cdist(x, x).max())
+    assert relative_delta(x, n_samples=300, n_draws=4, return_std=True) == pytest.approx((exact, 0.0))

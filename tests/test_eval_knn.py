@@ -278,4 +278,7 @@ def test_flat_index_goes_to_gpu_when_faiss_has_one(monkeypatch):
     assert len(moved) == 1
     HyperbolicIndex(c=0.1, use_gpu=False).add(x)
     HyperbolicIndex(c=0.1, kind="hnsw").add(x)
+    HyperbolicIndex(c=0.1, kind="hnsw", use_gpu=True).add(x)  # no GPU HNSW in faiss: stays on CPU
     assert len(moved) == 1
+    HyperbolicIndex(c=0.1, use_gpu=True).add(x)
+    assert len(moved) == 2

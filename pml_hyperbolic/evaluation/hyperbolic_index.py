@@ -123,8 +123,9 @@ class HyperbolicIndex:
             many as keep each of a batch's (queries × k') arrays at ~16 MB (memory O(k') per
             query, never O(N²)).
         margin: extra candidates fetched beyond k on the first try (default ``max(4, k // 32)``).
-        use_gpu: ``None`` = the flat index runs on the GPU(s) whenever faiss sees one (faiss-gpu
-            installed); ``False`` = always CPU; ``True`` = GPU for either kind when available.
+        use_gpu: ``None`` or ``True`` = the flat index runs on the GPU(s) whenever faiss sees one
+            (faiss-gpu installed); ``False`` = always CPU. HNSW always runs on the CPU (faiss has
+            no GPU HNSW).
         hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
             the number of candidates.
         project: project inputs onto the ball first (points on/outside the ball have no distance).
@@ -226,16 +227,14 @@ class HyperbolicIndex:
             # sqrt(M^2 - |Y|^2), so that |Q' - Y'|^2 = |Q|^2 + M^2 - 2 Q.Y; HNSW graphs work far
             # better for L2 than for raw inner products.
             index = faiss.IndexHNSWFlat(dim + 1, self.hnsw_m)
-        if self._want_gpu():  # pragma: no cover - no GPU in CI
+        if self._want_gpu():
             index = faiss.index_cpu_to_all_gpus(index)
         return index
 
-    def _want_gpu(self, on_cuda: bool = False) -> bool:
+    def _want_gpu(self) -> bool:
+        # faiss has no GPU HNSW: only the flat index moves; use_gpu=False keeps it on the CPU
         has = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
-        if self.use_gpu is None:
-            # faiss-gpu installed: the flat search runs there (HNSW has no GPU version)
-            return has and self.kind == "flat"
-        return bool(self.use_gpu) and has
+        return has and self.kind == "flat" and self.use_gpu is not False
 
     def add(self, reference) -> "HyperbolicIndex":
         """Add reference points (N × D ball coordinates), in batches."""
