@@ -114,6 +114,21 @@ def test_local_checkpoint_roundtrip_and_mismatch(tmp_path):
         build_backbone("mobilenetv2_100", checkpoint=str(tmp_path / "missing.pth"))
 
 
+def test_dino_training_checkpoint_loads_the_teacher_backbone(tmp_path):
+    # DINO's checkpoint.pth: {"teacher": {"backbone.*", "head.*" (projection head)}, "student": ...}
+    source, dim = build_backbone("vit_small_dino", pretrained=False, img_size=32)
+    teacher = {"backbone." + k: v + 1.0 for k, v in source.state_dict().items()}
+    teacher["head.mlp.0.weight"] = torch.randn(2048, 384)
+    teacher["head.last_layer.weight_g"] = torch.ones(65536, 1)
+    student = {"module.backbone." + k: torch.zeros_like(v) for k, v in source.state_dict().items()}
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"teacher": teacher, "student": student, "epoch": 100}, path)
+    loaded, _ = build_backbone("vit_small_dino", checkpoint=str(path), img_size=32)
+    assert dim == 384
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value + 1.0), key
+
+
 @pytest.mark.parametrize("name, timm_name", [("efficientnet_lite0", "tf_efficientnet_lite0"),
                                              ("mobilenetv2_100", "mobilenetv2_100")])
 def test_offline_wheel_weights_map_every_tensor(name, timm_name):

@@ -107,6 +107,13 @@ def test_bad_inputs():
         gromov_delta(torch.zeros(3, 2), metric="manhattan")
     with pytest.raises(ValueError, match="base"):
         gromov_delta(torch.zeros(3, 2), base=5)
+    D = torch.cdist(torch.randn(6, 2), torch.randn(6, 2).add(0)).double()
+    with pytest.raises(ValueError, match="not symmetric"):
+        gromov_delta(distances=D)
+    with pytest.raises(ValueError, match="negative"):
+        gromov_delta(distances=-torch.ones(3, 3).fill_diagonal_(0))
+    x = torch.randn(40, 3)
+    assert gromov_delta(distances=torch.cdist(x, x)) >= 0  # float32 cdist rounding is accepted
     with pytest.raises(ValueError, match="n_draws"):
         relative_delta(torch.zeros(3, 2), n_draws=0)
 

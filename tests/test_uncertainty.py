@@ -111,3 +111,28 @@ def test_recall_table_leaves_lone_queries_out_like_the_calculator():
     assert max(r["u_max"] for r in table) == pytest.approx(float(u[:50].max()))
     with pytest.raises(ValueError, match="alone in its class"):
         uncertainty_recall_table(z[:5], torch.arange(5), c=0.1, uncertainty=u[:5])
+
+
+
+def test_recall_table_per_bin_equals_brute_force():
+    import numpy as np
+
+    from pml_hyperbolic import poincare_ball as pb
+    from pml_hyperbolic.evaluation import uncertainty_recall_table
+
+    g = torch.Generator().manual_seed(3)
+    z = ToPoincare(c=0.1, clip_r=10.0)(torch.randn(90, 5, generator=g) * 2)
+    labels = torch.arange(90) % 9
+    u = torch.randperm(90, generator=g).double()  # distinct values: 3 bins of 30 by rank
+    table = uncertainty_recall_table(z, labels, c=0.1, n_bins=3, uncertainty=u)
+    D = pb.pairwise_dist(z.double(), z.double(), 0.1).fill_diagonal_(float("inf"))
+    hit = (labels[D.argmin(dim=1)] == labels).double().numpy()
+    order = np.argsort(u.numpy())
+    for row, part in zip(table, np.array_split(order, 3)):
+        assert row["count"] == 30
+        assert row["recall_at_1"] == pytest.approx(hit[part].mean())
+        assert row["u_min"] == float(u[part].min()) and row["u_max"] == float(u[part].max())
+    bad = u.clone()
+    bad[4] = float("nan")
+    with pytest.raises(ValueError, match="uncertainty contains NaN"):
+        uncertainty_recall_table(z, labels, c=0.1, uncertainty=bad)

@@ -42,6 +42,12 @@ def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
         if D.shape[0] == 0:
             raise ValueError("distances is empty")
         pb.check_finite(D, "distances")
+        scale = float(D.abs().max()) if D.numel() else 0.0
+        if bool((D < 0).any()):
+            raise ValueError("distances has negative entries: not a metric")
+        # (tolerances allow the rounding of a float32 torch.cdist, whose diagonal is not exactly 0)
+        if not torch.allclose(D, D.T, rtol=1e-5, atol=1e-6 * max(scale, 1e-30)):
+            raise ValueError("distances is not symmetric: not a metric (pass D or (D + D.T) / 2)")
         return D
     x = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
     x = x.detach().to(torch.float64)

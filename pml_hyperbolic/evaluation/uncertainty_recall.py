@@ -60,6 +60,8 @@ def uncertainty_recall_table(
     u = u.detach().reshape(-1).double().cpu()
     if u.shape[0] != x.shape[0]:
         raise ValueError("uncertainty must have one entry per embedding")
+    if not bool(torch.isfinite(u).all()):
+        raise ValueError("uncertainty contains NaN/Inf values")
     knn = knn_func if knn_func is not None else HyperbolicKNN(c=c)
     _, nn = knn(x.float(), 1, x.float(), True)
     y = y.cpu()
