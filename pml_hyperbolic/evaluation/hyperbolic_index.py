@@ -34,14 +34,21 @@ over queries): faiss returns k' = k + margin candidates sorted by float32 score.
    :math:`\hat s_{k'} < \hat s_{k-1} - 2e_q`, and besides the first k only the "tail" of
    candidates with :math:`\hat s \ge \hat s_{k-1} - 2e_q` can enter it.
 2. *Order and distances*, ``typical``: from the scores, :math:`d = \operatorname{arcosh}(-cX_0
-   \hat s)/\sqrt c`; only clusters (runs of adjacent gaps :math:`\le 2e_q`) among the first k +
-   tail, and distances whose interval is wider than ``rtol``, are recomputed (a few % of the
-   pairs on trained-like embeddings). ``rigorous``: the bound is too wide for that, so all k
+   \hat s)/\sqrt c`. Clusters (runs of adjacent gaps :math:`\le 2e_q`) among the first k + tail
+   are recomputed in float64 and sorted *within* the positions they occupy (all clusters by
+   default; with ``exact_ranks`` only those that straddle a listed rank). Distances whose
+   interval is wider than ``rtol`` form a prefix of each row (the interval shrinks relative to d
+   as d grows), found by binary search, and are recomputed. A few % of the pairs on trained-like
+   embeddings at k = 8; at k = 1000 most pairs sit in clusters, which is what ``exact_ranks``
+   skips. ``rigorous``: the bound is too wide for that, so all k
    distances are recomputed from ball coordinates, in float32 differences when the inputs are
    float32 numbers (relative error :math:`\le (D/2+3)u`), and adjacent entries whose error bars
    touch are recomputed in float64.
-3. Rows that fail the certification are searched again with k' doubled by the general loop below
-   (ultimately k' = N, trivially complete), which bounds each candidate's interval individually:
+3. Rows that fail the certification are searched again with k' doubled (``typical``: the same
+   cluster method on the longer list; ``rigorous`` and HNSW: the general loop below). Beyond
+   :math:`k' = \max(4(k+1), 256)` a row (a block of near-duplicates, whose ties go by index) is
+   settled by a chunked float64 scan over all references instead. The general loop bounds each
+   candidate's interval individually:
 
    a. candidates whose interval is wider than ``rtol`` (relative, in distance) are recomputed
       exactly (float64, from the ball coordinates);
