@@ -199,9 +199,9 @@ def render_glyph(font, character, image_size, rng=None, supersample=4, max_rotat
     return np.asarray(out.resize((image_size, image_size), Image.BOX), dtype=np.uint8)
 
 
-def debian_license_summary(package):
+def debian_license_summary(package, doc_root="/usr/share/doc"):
     """First ``Files: *`` licence and copyright lines of a Debian copyright file."""
-    path = f"/usr/share/doc/{package}/copyright"
+    path = os.path.join(doc_root, package, "copyright")
     if not os.path.exists(path):
         return "(copyright file not found)", ""
     text = open(path, encoding="utf-8", errors="replace").read()
