@@ -4,6 +4,7 @@
                                             # then In-Shop 14,218 queries x 12,612 gallery / k=30
     python bench/knn.py --quick             # smaller, for a smoke run
     python bench/knn.py --cases 8131x8,20000x100 --repeats 3
+    python bench/knn.py --cases 2000x8 --collapsed 6000x5000   # + a collapsed model (5,000 duplicates)
 
 Two modes of HyperbolicKNN are timed: ``exact_ranks`` = the benchmark's Recall@K list (1, 2, 4, 8
 for the Cars size; 1, 10, 100, 1000 for SOP): neighbour sets exact at each listed K and at k,
@@ -227,6 +228,23 @@ def run_query_gallery_case(nq, ng, k, d, c, args):
           f"{tuple(sorted(set(ranks + (k,))))} = {sets}, max position-wise relative distance error = {rel:.2e}")
 
 
+def run_collapsed_case(n, n_duplicates, k, d, c, args):
+    """A collapsed model: n_duplicates identical points among n (ties go by index). The candidate
+    lists cannot certify such rows, which fall back to the chunked exact scan; time and exactness."""
+    g = torch.Generator().manual_seed(0)
+    x = make_embeddings(n, d, c, seed=n)
+    x[:n_duplicates] = x[0]
+    print(f"\n## collapsed: N={n}, {n_duplicates} identical points, D={d}, k={k}, c={c}")
+    t, (dist, ind) = timeit(lambda: HyperbolicKNN(c=c)(x, k, x, True))
+    rows = torch.randperm(n, generator=g)[: min(n, args.check_queries)]
+    bd, bi = brute_force(x, rows, k, c)
+    same = torch.equal(ind[rows], bi)
+    rel = ((dist[rows].double() - bd).abs() / bd.clamp_min(1e-12)).max().item()
+    print(f"HyperbolicKNN (exact order): {t:.2f} s; vs float64 brute force on {len(rows)} queries: identical "
+          f"lists = {same}, max relative distance error = {rel:.2e}; "
+          f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
@@ -241,6 +259,7 @@ def main():
     p.add_argument("--skip-full-order", action="store_true", help="do not time the exact-order-everywhere mode")
     p.add_argument("--ef-search", type=int, default=128)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--collapsed", default="", help="e.g. 6000x5000: N points of which 5000 identical (k=8)")
     p.add_argument("--cases", default="", help="e.g. 8131x8,20000x100 (N x k)")
     args = p.parse_args()
     import faiss
@@ -254,6 +273,9 @@ def main():
         run_case(n, args.dim, k, args.c, args)
     if not args.cases and not args.quick:
         run_query_gallery_case(14218, 12612, 30, args.dim, args.c, args)
+    if args.collapsed:
+        n, dup = (int(v) for v in args.collapsed.split("x"))
+        run_collapsed_case(n, dup, 8, args.dim, args.c, args)
 
 
 if __name__ == "__main__":
