@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
 
@@ -77,9 +78,19 @@ def test_hcl_composed_scenes(tmp_path):
     run("hcl", "HCL", tmp_path, ["--queue-size", "64"])
 
 
-def test_curvature_auto_and_plots(tmp_path, capsys):
-    """--curvature auto (helper-D's suggest_curvature) and the end-of-run plots in the run folder."""
+def test_curvature_auto_and_plots(tmp_path, capsys, monkeypatch):
+    """--curvature auto (suggest_curvature on backbone features) and the end-of-run plots."""
+    import pml_hyperbolic.evaluation as evaluation
+
+    seen = []
+    real = evaluation.suggest_curvature
+    monkeypatch.setattr(evaluation, "suggest_curvature", lambda feats, **kw: seen.append(feats) or real(feats, **kw))
     results, out = run("hyp_uml_cars", "HypUML", tmp_path, ["--curvature", "auto"])
-    assert results["curvature"] > 0 and "--curvature auto" in capsys.readouterr().out
+    assert "--curvature auto" in capsys.readouterr().out
+    # the recipe's curvature is Hyp-ViT's rule on the untrained backbone's features of training images
+    (feats,) = seen
+    assert feats.shape[0] == 400 and torch.isfinite(feats).all()  # --max-train-samples 400
+    d_rel = evaluation.relative_delta(feats, n_samples=2000)
+    assert results["curvature"] == pytest.approx(min(10.0, max(1e-4, (0.144 / d_rel) ** 2)), rel=1e-9)
     assert os.path.isfile(out / "poincare_disk.png") and os.path.isfile(out / "uncertainty_vs_recall.png")
     assert results["uncertainty_vs_recall"]  # the table behind the plot is in results.json
