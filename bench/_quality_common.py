@@ -27,12 +27,10 @@ import copy
 import functools
 import gzip
 import hashlib
-import math
 import os
 import struct
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -166,7 +164,7 @@ def fashion_transforms(image_size, train):
 
 
 @functools.lru_cache(maxsize=2)
-def split_backbone(name, image_size):
+def split_backbone(name):
     """(frozen prefix, tail, feature_dim) of a timm EfficientNet/MobileNet backbone.
 
     Cached: callers never modify these modules (training works on ``fresh_tail`` copies)."""
@@ -256,7 +254,7 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
 
     if dataset not in ("glyphs", "fashion-mnist"):
         raise ValueError(f"dataset must be 'glyphs' or 'fashion-mnist', got {dataset!r}")
-    prefix, tail, dim = split_backbone(cfg.backbone, cfg.image_size)
+    prefix, tail, dim = split_backbone(cfg.backbone)
     extra = f"{fashion_per_class}" if dataset == "fashion-mnist" else "hard-protocol"
     if max_classes is not None:
         extra += f"|first{max_classes}"
@@ -412,12 +410,10 @@ def make_optimizer(cfg, tail, head, loss):
     return torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
 
 
-def train_with_labels(cfg, train, tail, head, loss_fn, miner=None, seed=0, steps=None, label_fn=None,
-                      relabel=None, log=None):
-    """Generic class-balanced training on the bank.
+def train_with_labels(cfg, train, tail, head, loss_fn, miner=None, seed=0, steps=None, relabel=None):
+    """Generic class-balanced training on the bank, the loss on the 1-D class labels.
 
-    ``label_fn(idx) -> labels passed to the loss`` (default: the 1-D class labels); ``relabel`` is
-    a callable ``(tail, head) -> (sampler_labels (N,), loss_labels (N,...))`` called at step 0 and
+    ``relabel`` is a callable ``(tail, head) -> (sampler_labels (N,), loss_labels (N,...))`` called at step 0 and
     every ``cfg.recluster_every`` steps (unsupervised rows).
     """
     from pml_hyperbolic.data import ClassBalancedBatchSampler
@@ -471,40 +467,13 @@ def fresh_tail(bank):
 # ------------------------------------------------------------------------------ δ-hyperbolicity
 
 
-def relative_delta(features, n_points=1000, draws=10, seed=0):
-    """Relative Gromov δ (2δ/diam) of Euclidean features, base point = the first point of each draw
-    (as the Hyp-ViT authors' script), averaged over ``draws`` random subsets of ``n_points``."""
-    x = torch.as_tensor(features, dtype=torch.float64)
-    rng = np.random.default_rng(seed)
-    vals = []
-    for _ in range(draws):
-        sub = x[torch.as_tensor(rng.choice(len(x), size=min(n_points, len(x)), replace=False))]
-        d = torch.cdist(sub, sub)
-        gp = 0.5 * (d[0][None, :] + d[:, 0][:, None] - d)  # Gromov products (x|y)_w, w = point 0
-        n = len(sub)
-        worst = torch.tensor(0.0, dtype=torch.float64)
-        for s in range(0, n, 8):  # (x|z) >= min((x|y), (y|z)) - δ  ->  δ = max(maxmin - gp)
-            maxmin = torch.minimum(gp[s:s + 8, :, None], gp[None, :, :]).amax(dim=1)
-            worst = torch.maximum(worst, (maxmin - gp[s:s + 8]).max())
-        vals.append(float(2 * worst / d.max()))
-    return float(np.mean(vals))
-
-
 def suggest_curvature_from_features(features, seed=0, n_points=2000, draws=5):
-    """c = (0.144 / δ_rel)² (Hyp-ViT / Khrulkov et al.); helper-D's ``suggest_curvature`` when present."""
-    try:
-        from pml_hyperbolic.evaluation import suggest_curvature  # noqa: F401
-    except ImportError:
-        suggest_curvature = None
-    if suggest_curvature is not None:
-        try:
-            n = min(int(n_points), len(features))
-            return (float(suggest_curvature(torch.as_tensor(features), n_samples=n, n_draws=draws, seed=seed)),
-                    f"pml_hyperbolic.evaluation.suggest_curvature, {draws} draws of {n} points")
-        except Exception as err:  # noqa: BLE001 - fall back, but say so
-            warnings.warn(f"suggest_curvature failed ({err}); using the bench's own δ estimate")
-    d_rel = relative_delta(features, n_points=n_points, draws=draws, seed=seed)
-    return (0.144 / d_rel) ** 2, f"bench δ_rel = {d_rel:.3f}"
+    """c = (0.144 / δ_rel)² (Hyp-ViT / Khrulkov et al.) with the package's ``suggest_curvature``."""
+    from pml_hyperbolic.evaluation import suggest_curvature
+
+    n = min(int(n_points), len(features))
+    return (float(suggest_curvature(torch.as_tensor(features), n_samples=n, n_draws=draws, seed=seed)),
+            f"pml_hyperbolic.evaluation.suggest_curvature, {draws} draws of {n} points")
 
 
 # ----------------------------------------------------------------------------------- reporting

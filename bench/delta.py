@@ -4,8 +4,9 @@
     python bench/delta.py --n 1000
 
 Same run, CPU, --threads threads. Peak memory: tracemalloc cannot see torch buffers, so the bench
-reports the analytical size of the largest temporary (ours: G + one tile; naive: n³ floats) and the
-process peak RSS after each step.
+reports the analytical size of the largest temporary (ours: G + one tile; naive: n³ floats), the
+process peak RSS after each step (a running maximum), and for n the measured peak RSS growth of one
+gromov_delta call in a fresh process.
 """
 import argparse
 import resource
@@ -27,6 +28,35 @@ def naive(D):
 
 def rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+_PEAK_SNIPPET = """
+import re, sys, torch
+sys.path.insert(0, {root!r})
+from pml_hyperbolic.evaluation import gromov_delta
+torch.set_num_threads({threads})
+def field(name):
+    return int(re.search(name + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+x = torch.randn({n}, {dim}, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+try:
+    open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+except OSError:
+    pass
+before = field("VmRSS")
+gromov_delta(x, dtype=torch.{dtype})
+print(field("VmHWM") - before)
+"""
+
+
+def peak_rss_growth_mb(n, dim, dtype, threads):
+    """Peak RSS growth of one gromov_delta call on n x dim points, measured in a fresh process
+    (VmHWM reset through /proc/self/clear_refs just before the call), so earlier steps do not hide it."""
+    import subprocess
+
+    code = _PEAK_SNIPPET.format(root=str(Path(__file__).resolve().parents[1]), threads=threads, n=n, dim=dim,
+                                dtype=dtype)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -64,10 +94,14 @@ def main():
         tmp = (n * n + 16 * 64 * n) * (8 if dt == torch.float64 else 4) / 2**20
         print(f"| {n} | gromov_delta (blocked) | {str(dt)[6:]} | {tm:.2f} | {tmp:.1f} | {rss_mb():.0f} | {val:.6f} |")
     print(f"(naive at n={n} would need an n^3 float64 temporary of {n ** 3 * 8 / 2**30:.0f} GB)")
+    for dt in ("float32", "float64"):
+        print(f"peak RSS growth of gromov_delta, n={n} x {args.dim}, {dt} (fresh process, VmHWM): "
+              f"{peak_rss_growth_mb(n, args.dim, dt, args.threads):.0f} MB")
     t = time.perf_counter()
     m, s = relative_delta(x, n_samples=500, n_draws=5, return_std=True)
-    print(f"\nsampled relative_delta (5 draws x 500 points): {m:.4f} +- {s:.4f} in {time.perf_counter() - t:.2f} s; "
-          f"suggest_curvature -> {(0.144 / m) ** 2:.4f}")
+    c = suggest_curvature(x, n_samples=500, n_draws=5)
+    print(f"\nsampled relative_delta (5 draws x 500 points): {m:.4f} +- {s:.4f}; "
+          f"suggest_curvature(x, n_samples=500, n_draws=5) = {c:.4f}; both in {time.perf_counter() - t:.2f} s")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 
 BASELINE = "SupConLoss(CosineSimilarity) [baseline]"
+BATCH, PER_CLASS = 900, 9  # 100 classes x 9 samples
+ALL_TRIPLETS = BATCH * (PER_CLASS - 1) * (BATCH - PER_CLASS)  # anchor x positive x negative
 
 
 def make(name):
@@ -47,7 +49,7 @@ def make(name):
         "HypMixLoss": lambda: L.HypMixLoss(),
         "HypMixLoss(c=[0.1, 1.0], lam=[3, 1])": lambda: L.HypMixLoss(c=[0.1, 1.0], lam=[3.0, 1.0]),
         "UncertaintyAdaptiveContrastiveLoss": lambda: L.UncertaintyAdaptiveContrastiveLoss(),
-        "UncertaintyAdaptiveTripletLoss (all 6.5M triplets)": lambda: L.UncertaintyAdaptiveTripletLoss(),
+        f"UncertaintyAdaptiveTripletLoss (all {ALL_TRIPLETS / 1e6:.2f}M triplets)": lambda: L.UncertaintyAdaptiveTripletLoss(),
         "HierarchicalLogRatioLoss (1-D labels)": lambda: L.HierarchicalLogRatioLoss(),
         "HierarchicalLogRatioLoss (N x 2 labels)": lambda: L.HierarchicalLogRatioLoss(),
         "HierarchicalMarginLoss": lambda: L.HierarchicalMarginLoss(num_classes=100),
@@ -60,8 +62,8 @@ def make(name):
 def inputs(name, device, seed=0):
     from pml_hyperbolic.heads import ToPoincare
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randn(900, 128, generator=g).to(device)
-    y = torch.arange(100, device=device).repeat_interleave(9)
+    raw = torch.randn(BATCH, 128, generator=g).to(device)
+    y = torch.arange(BATCH // PER_CLASS, device=device).repeat_interleave(PER_CLASS)
     if "N x 2" in name:
         y = torch.stack([y, y // 10], 1)
     hyperbolic = not ("Cosine" in name or "HypMix" in name)

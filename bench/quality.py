@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Method comparison on real data: every method against PML's strong baselines (issue 7).
 
-    python bench/quality.py                 # full table: 3 seeds, 120 steps, all rows (est. 45-60 min, idle 2 cores)
+    python bench/quality.py                 # full table: 3 seeds, 120 steps, all rows (36 min wall measured, 2026-11-23, 2 cores)
     python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
     python bench/quality.py --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
 
@@ -176,7 +176,7 @@ def _kmeans_relabel(bank, seed, k=UNSUP_LEVELS[0]):
 # ------------------------------------------------------------------------------------------ HCL
 
 
-def build_hcl_bank(cfg, bank, n_scenes, log=print):
+def build_hcl_bank(cfg, n_scenes, log=print):
     """Prefix activations of (scene, object view 1, object view 2) for ``n_scenes`` composed scenes."""
     from pml_hyperbolic.data import GlyphDataset
     from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes
@@ -184,7 +184,7 @@ def build_hcl_bank(cfg, bank, n_scenes, log=print):
     path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}")
     if os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=True)
-    prefix, _, _ = qc.split_backbone(cfg.backbone, cfg.image_size)
+    prefix, _, _ = qc.split_backbone(cfg.backbone)
     scenes = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=n_scenes, image_size=cfg.image_size, seed=0)
     log(f"[bank] HCL: {n_scenes} composed scenes x (scene + 2 object views) through the frozen prefix ...")
     torch.manual_seed(2024)
@@ -202,14 +202,14 @@ def build_hcl_bank(cfg, bank, n_scenes, log=print):
 
 def hcl_bank_for(cfg, bank, log=print):
     """The HCL scene bank at the depth the run trains from (pooled when only the head trains)."""
-    out = build_hcl_bank(cfg, bank, cfg.hcl_scenes, log=log)
+    out = build_hcl_bank(cfg, cfg.hcl_scenes, log=log)
     if cfg.trainable == "head":
-        _, tail, _ = qc.split_backbone(cfg.backbone, cfg.image_size)
+        _, tail, _ = qc.split_backbone(cfg.backbone)
         out = {k: qc._through(tail, v) for k, v in out.items()}
     return out
 
 
-def train_hcl(cfg, bank, hcl_bank, seed, steps, log=print):
+def train_hcl(cfg, bank, hcl_bank, seed, steps):
     """HCL (Ge et al.) as its authors implemented it, on the bank: MoCo on two object views + 0.1 ×
     hyperbolic CE (scene query → contained-object key, c = 0.05, T = 0.2, no clipping), queues of
     momentum-encoder keys (helper-E's ``KeyQueue``), momentum 0.99 (short schedule)."""
@@ -269,7 +269,7 @@ def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
     if row.kind == "hcl":
         if hcl_bank is None:
             raise RuntimeError("HCL needs its scene bank")
-        tail, head = train_hcl(cfg, bank, hcl_bank, seed, cfg.steps, log=log)
+        tail, head = train_hcl(cfg, bank, hcl_bank, seed, cfg.steps)
         return qc.evaluate(tail, head, bank.query, bank.gallery, c=None), extra
     tail = qc.fresh_tail(bank)
     head = make_head(row.head, bank.feature_dim, cfg.embedding_dim)
@@ -313,11 +313,6 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
             if row.kind == "hcl":
                 if name != "glyphs":
                     ds["rows"][key] = {"label": row.label, "skipped": "HCL scenes are composed from glyphs only"}
-                    continue
-                try:
-                    from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes  # noqa: F401
-                except ImportError as err:
-                    ds["rows"][key] = {"label": row.label, "skipped": f"scene composer not available ({err})"}
                     continue
                 hcl_bank = hcl_bank or hcl_bank_for(cfg, bank, log=log)
             per_seed, extras, t_row = [], [], time.perf_counter()

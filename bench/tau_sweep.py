@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Temperature × curvature study (HypMix Fig. 2 on our data): Recall@1 of Sph- and Hyp- embeddings.
 
-    python bench/tau_sweep.py --out-png tau_sweep.png            # 300 steps, seed 0 (~30 CPU-min; est. 20 min idle)
+    python bench/tau_sweep.py --out-png tau_sweep.png            # 300 steps, seed 0
+    python bench/tau_sweep.py --seeds 0,1,2 --out-png tau_sweep.png   # README's table: 4 min wall measured (2026-11-23, 2 cores)
     python bench/tau_sweep.py --quick --out-png tau_sweep.png    # 40 steps (231 CPU-s measured)
 
 Grid: τ ∈ {0.05, 0.1, 0.2, 0.5, 1} × c ∈ {0 (sphere: L2-normalised head, cosine similarity / τ),

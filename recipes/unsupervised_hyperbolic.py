@@ -16,7 +16,6 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-import torch  # noqa: E402
 
 from pml_hyperbolic.training import Recipe  # noqa: E402
 from pml_hyperbolic.training.pseudo_labels import PseudoLabelledDataset  # noqa: E402

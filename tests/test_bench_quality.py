@@ -76,7 +76,7 @@ def test_quality_unsupervised_and_head_only(tiny):
 
 def test_quality_hcl_row(tiny):
     cfg, bank = tiny
-    hcl_bank = quality.build_hcl_bank(cfg, bank, cfg.hcl_scenes, log=lambda *_: None)
+    hcl_bank = quality.build_hcl_bank(cfg, cfg.hcl_scenes, log=lambda *_: None)
     assert hcl_bank["scene"].shape[0] == cfg.hcl_scenes
     metrics, _ = quality.run_row(quality.ROWS["hcl"], cfg, bank, seed=0, hcl_bank=hcl_bank)
     _check_metrics(metrics)
@@ -120,15 +120,6 @@ def test_carve_validation_is_disjoint(tiny):
     assert int(train.labels.max()) + 1 == CLASSES - 2
     assert len(vq.labels) + len(vg.labels) + len(train.labels) == len(bank.train.labels)
     assert set(vq.labels.tolist()) == set(vg.labels.tolist()) and len(set(vq.labels.tolist())) == 2
-
-
-def test_relative_delta_reference_values():
-    # points on a line form a tree metric: δ = 0
-    line = torch.linspace(0, 5, 40)[:, None] * torch.tensor([[1.0, 2.0]])
-    assert qc.relative_delta(line, n_points=40, draws=2) == pytest.approx(0.0, abs=1e-12)
-    # the 4 corners of a unit square: (x|z)_w versus min((x|y)_w, (y|z)_w) gives δ > 0
-    square = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
-    assert qc.relative_delta(square, n_points=4, draws=1) > 0
 
 
 def _write_idx(path, array):

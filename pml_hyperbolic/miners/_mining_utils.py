@@ -40,7 +40,7 @@ def check_top_k(value, name: str = "top_k"):
     return int(value)
 
 
-def self_match_mask(embeddings: Tensor, labels, ref_emb: Tensor, ref_labels, same_label: Tensor) -> Tensor:
+def self_match_mask(embeddings: Tensor, ref_emb: Tensor, same_label: Tensor) -> Tensor:
     """B×R bool mask of the reference entries that ARE the query sample itself.
 
     If ``ref_emb`` is ``embeddings`` (PML's convention when no reference set is given) this is

@@ -89,7 +89,7 @@ class HardNegativeProbabilityMiner(BaseMiner):
         if labels is None or ref_labels is None:
             raise ValueError("labels are required: HardNegativeProbabilityMiner mines by class")
         same = labels[:, None] == ref_labels[None, :]
-        is_self = self_match_mask(embeddings, labels, ref_emb, ref_labels, same)
+        is_self = self_match_mask(embeddings, ref_emb, same)
         pos = same & ~is_self
         neg = ~same
         return pos, neg, is_self

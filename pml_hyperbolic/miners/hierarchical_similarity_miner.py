@@ -122,7 +122,7 @@ class HierarchicalSimilarityMiner(BaseMiner):
     # ------------------------------------------------------------------------------------------
     def mine(self, embeddings, labels, ref_emb, ref_labels):
         s = pairwise_first_shared_level(labels, ref_labels)
-        is_self = self_match_mask(embeddings, labels, ref_emb, ref_labels, s == 1)
+        is_self = self_match_mask(embeddings, ref_emb, s == 1)
         s = s.masked_fill(is_self, 0)  # level 0 marks "not a candidate"
         order_dist = None
         if self.violating_only:

@@ -19,7 +19,7 @@ from .checkpoint import rng_state, set_rng_state, unwrap
 
 
 def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), batch_size: int = 128,
-                 device=None, num_workers: int = 0, autocast_dtype=None) -> GlobalEmbeddingSpaceTester:
+                 device=None, num_workers: int = 0) -> GlobalEmbeddingSpaceTester:
     """Tester over the raw head output (``normalize_embeddings=False``: L2-normalising ball points
     would move them onto/outside the boundary) with the exact hyperbolic kNN when ``c`` is given,
     cosine/Euclidean kNN otherwise (helper-D's :class:`RecallAtKAccuracyCalculator`)."""

@@ -23,12 +23,17 @@ from .trainer import HyperbolicTrainer
 
 
 class KeyQueue(CrossBatchMemory):
-    """``CrossBatchMemory`` for any pair-based PML loss (PML lists supported losses by name; our
-    ``PairwiseCrossEntropyLoss`` handles ``ref_emb``/``ref_labels`` and is safe to wrap)."""
+    """``CrossBatchMemory`` that also accepts this package's losses computed against a reference
+    set (PML checks the wrapped loss against a list of names of its own losses)."""
+
+    # losses of pml_hyperbolic that take ref_emb / ref_labels and compare queries with them only
+    REF_EMB_LOSSES = ("PairwiseCrossEntropyLoss", "UncertaintyAdaptiveContrastiveLoss",
+                      "UncertaintyAdaptiveTripletLoss", "HierarchicalMarginLoss", "HierarchicalLogRatioLoss")
 
     @classmethod
     def check_loss_support(cls, loss_name):
-        return None
+        if loss_name not in cls.REF_EMB_LOSSES:
+            super().check_loss_support(loss_name)
 
     def queue_state(self) -> dict:
         return {"queue_idx": int(self.queue_idx), "has_been_filled": bool(self.has_been_filled)}

@@ -22,7 +22,7 @@ from ..data.image_list import collate_skipping_unreadable
 from . import config as cfg
 from .checkpoint import CheckpointManager, restore_trainer, unwrap
 from .config import ConfigError
-from .distributed import DistributedContext, barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
+from .distributed import barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
 from .evaluation import EpochEndEvaluator, Evaluator, build_tester, eval_protocol, format_recall
 from .run_logger import RunLogger
 from .trainer import HyperbolicTrainer, resolve_amp
@@ -253,11 +253,7 @@ class Recipe:
     def presets(cls, args) -> Dict:
         name = cfg.DATASET_ALIASES.get(args.dataset, args.dataset)
         if name == "auto":
-            name = cls.real_dataset
-            try:
-                name, _, _ = resolve_dataset("auto", args.data_root, cls.real_dataset)
-            except ImportError:
-                pass
+            name, _, _ = resolve_dataset("auto", args.data_root, cls.real_dataset)
         if name == "glyphs":
             return dict(cls.glyph_preset)
         return dict(cls.paper_presets.get(name, {}))
