@@ -25,11 +25,22 @@ TINY = ["--dataset", "glyphs", "--backbone", "test_vit", "--pretrained", "false"
         "--quiet", "--no-tensorboard", "--amp", "off", "--freeze-trunk", "false"]
 
 
-def run(name, cls, tmp_path, extra=(), before=False):
+def run(name, cls, tmp_path, extra=(), before=False, instances=None):
+    """Run a recipe's ``main`` on TINY; with ``instances`` (a list) the recipe object that ran is
+    appended to it, so a test can inspect the loss, trainer and datasets it really built."""
     module = load_recipe(name)
+    recipe_cls = getattr(module, cls)
+    if instances is not None:
+        base = recipe_cls
+
+        class recipe_cls(base):  # noqa: N801 - same behaviour, only records ``self``
+            def run(self):
+                instances.append(self)
+                return super().run()
+
     out = tmp_path / name
     flags = [] if before else ["--eval-before", "false"]  # one evaluation is enough for most tests
-    results = getattr(module, cls).main(TINY + flags + ["--output-dir", str(out)] + list(extra))
+    results = recipe_cls.main(TINY + flags + ["--output-dir", str(out)] + list(extra))
     assert (out / "last.pt").is_file() and (out / "log.csv").is_file() and (out / "config.json").is_file()
     saved = json.loads((out / "results.json").read_text())
     for key in (("before", "after") if before else ("after",)):
@@ -61,7 +72,24 @@ def test_hyp_vit_hyperbolic_and_spherical(tmp_path):
 
 
 def test_hyp_mix(tmp_path):
-    run("hyp_mix", "HypMix", tmp_path, ["--lam", "8"])
+    from pml_hyperbolic.distances import MixedGeometryDistance
+    from pml_hyperbolic.heads import SphericalEmbeddingHead
+    from pml_hyperbolic.losses import HypMixLoss
+
+    recipes = []
+    results, out = run("hyp_mix", "HypMix", tmp_path, ["--lam", "8"], instances=recipes)
+    (recipe,) = recipes
+    # --lam 8 replaces the glyph preset's λ = 3 in the loss the trainer actually used
+    loss = recipe.trainer.loss_funcs["metric_loss"]
+    assert isinstance(loss, HypMixLoss) and isinstance(loss.distance, MixedGeometryDistance)
+    assert loss.distance.lam.tolist() == [8.0] and loss.distance.log_lam is None  # fixed, not learnable
+    assert (loss.distance.tau_e, loss.distance.tau_h) == (0.05, 0.2)
+    assert loss.distance.curvatures == [pytest.approx(results["curvature"])]
+    assert isinstance(recipe.head, SphericalEmbeddingHead) and recipe.eval_curvature() is None  # cosine kNN
+    # ... and is what the run saved: the loss's λ buffer in the checkpoint and the config
+    state = torch.load(out / "last.pt", weights_only=False)
+    assert state["loss_funcs"]["metric_loss"]["distance.fixed_lam"].tolist() == [8.0]
+    assert json.loads((out / "config.json").read_text())["lam"] == 8.0
 
 
 def test_unsupervised_pseudo_labels(tmp_path, capsys):
@@ -70,12 +98,76 @@ def test_unsupervised_pseudo_labels(tmp_path, capsys):
     assert "[pseudo-labels]" in capsys.readouterr().out
 
 
-def test_unsupervised_supervised_variant(tmp_path):
-    run("unsupervised_hyperbolic", "UnsupervisedHyperbolic", tmp_path, ["--supervised", "--no-plots"])
+def test_unsupervised_supervised_variant(tmp_path, capsys):
+    from pml_hyperbolic.data import GlyphDataset
+    from pml_hyperbolic.distances import PoincareDistance
+    from pml_hyperbolic.losses import HierarchicalMarginLoss
+    from pml_hyperbolic.training.pseudo_labels import PseudoLabelledDataset
+
+    recipes = []
+    results, out = run("unsupervised_hyperbolic", "UnsupervisedHyperbolic", tmp_path, ["--supervised", "--no-plots"],
+                       instances=recipes)
+    (recipe,) = recipes
+    # the real labels, not the pseudo-label path: no clustering, no relabelling hook, one label level
+    assert not isinstance(recipe.train_set, PseudoLabelledDataset) and recipe.label_hierarchy_level == 0
+    assert recipe._labels_step is None and recipe.trainer.start_of_epoch_hook is None
+    assert "[pseudo-labels]" not in capsys.readouterr().out
+    # the hierarchical-margin loss over the true classes (margins are adaptive: learnt in the loss, no miner)
+    loss = recipe.trainer.loss_funcs["metric_loss"]
+    assert isinstance(loss, HierarchicalMarginLoss) and recipe.trainer.mining_funcs == {}
+    assert loss.num_classes == GlyphDataset("train").num_classes and loss.gamma == pytest.approx(0.1)
+    assert isinstance(loss.distance, PoincareDistance)
+    assert float(loss.distance.c) == pytest.approx(results["curvature"])
+    # its running class-distance estimates (the margins) were updated by training on real classes:
+    # 2 steps × 16 images / 4 per class = 8 classes, all of them labels of the training subset
+    saved = torch.load(out / "last.pt", weights_only=False)["loss_funcs"]["metric_loss"]
+    seen = saved["intra_seen"].nonzero().flatten().tolist()
+    assert len(seen) == 8 and set(seen) <= set(recipe.train_set.labels.tolist())
+    assert (saved["intra_mean"][seen] > 0).all()
+    # class pairs met within a batch: two disjoint 4 × 4 blocks
+    assert saved["inter_seen"].diagonal()[seen].all() and int(saved["inter_seen"].sum()) == 2 * 4 * 4
 
 
-def test_hcl_composed_scenes(tmp_path):
-    run("hcl", "HCL", tmp_path, ["--queue-size", "64"])
+def test_hcl_composed_scenes(tmp_path, monkeypatch):
+    from pml_hyperbolic.training.hcl_trainer import HCLTrainer, KeyQueue
+
+    raw, weighted = [], []  # each step's losses as computed, and as back-propagated (PML weights in place)
+    real_calculate_loss, real_backward = HCLTrainer.calculate_loss, HCLTrainer.backward
+
+    def recording_calculate_loss(self, batch):
+        real_calculate_loss(self, batch)
+        raw.append({k: float(v.detach()) for k, v in self.losses.items() if k != "total_loss"})
+
+    def recording_backward(self):
+        weighted.append({k: float(v.detach()) for k, v in self.losses.items()})
+        return real_backward(self)
+
+    monkeypatch.setattr(HCLTrainer, "calculate_loss", recording_calculate_loss)
+    monkeypatch.setattr(HCLTrainer, "backward", recording_backward)
+    recipes = []
+    # 2 steps enqueue 2 × 16 keys: more than a 24-key queue holds, far fewer than the default 65536
+    results, out = run("hcl", "HCL", tmp_path, ["--queue-size", "24"], instances=recipes)
+    (recipe,) = recipes
+    trainer = recipe.trainer
+    assert isinstance(trainer, HCLTrainer) and set(trainer.loss_funcs) == {"metric_loss", "hyperbolic_loss"}
+    for queue in trainer.loss_funcs.values():
+        assert isinstance(queue, KeyQueue) and queue.memory_size == 24
+        assert tuple(queue.embedding_memory.shape) == (24, 128)
+        # FIFO of size 24: the first 8 keys (pair labels 0..7 of step 1) were pushed out by step 2's
+        assert queue.has_been_filled and queue.queue_idx == 8
+        assert sorted(queue.label_memory.tolist()) == list(range(8, 32))
+    saved = torch.load(out / "last.pt", weights_only=False)
+    assert saved["extra"]["queues"] == {k: {"queue_idx": 8, "has_been_filled": True} for k in trainer.loss_funcs}
+    # the default hyperbolic weight 0.1 (and c = 0.05) is what the trained loss used
+    assert trainer.loss_weights == {"metric_loss": 1.0, "hyperbolic_loss": 0.1}
+    assert float(trainer.loss_funcs["hyperbolic_loss"].loss.distance.c) == pytest.approx(0.05)
+    assert len(raw) == len(weighted) == 2
+    for r, w in zip(raw, weighted):
+        assert r["hyperbolic_loss"] > 0.0  # otherwise its weight would not show in the total
+        assert w["hyperbolic_loss"] == pytest.approx(0.1 * r["hyperbolic_loss"], rel=1e-6)
+        assert w["total_loss"] == pytest.approx(r["metric_loss"] + 0.1 * r["hyperbolic_loss"], rel=1e-6)
+    config = json.loads((out / "config.json").read_text())
+    assert config["queue_size"] == 24 and config["hyperbolic_weight"] == 0.1
 
 
 def test_curvature_auto_and_plots(tmp_path, capsys, monkeypatch):
