@@ -62,10 +62,65 @@ def test_recall_with_ties():
     assert calc.get_accuracy(x, y) == pytest.approx(brute_recall(x, y, x, y, (1, 2, 4, 8), 0.1, True))
 
 
+def brute_recall_euclidean(q, ql, r, rl, ks, self_exclude):
+    """Recall@K under plain Euclidean (L2) distance: PML's default kNN (faiss ``IndexFlatL2``),
+    which ``c=None`` keeps. Plain float64 loops, no pml_hyperbolic code."""
+    qn, rn, qln, rln = q.double().numpy(), r.double().numpy(), ql.numpy(), rl.numpy()
+    out = {K: [] for K in ks}
+    for i in range(len(qn)):
+        d = np.sqrt(((rn - qn[i]) ** 2).sum(axis=1)).tolist()
+        cands = [j for j in range(len(rn)) if not (self_exclude and j == i)]
+        if not any(rln[j] == qln[i] for j in cands):
+            continue  # lone query, left out as in PML's precision_at_1
+        order = sorted(cands, key=lambda j: (d[j], j))
+        for K in ks:
+            out[K].append(any(rln[j] == qln[i] for j in order[:K]))
+    return {f"recall_at_{K}": float(np.mean(v)) for K, v in out.items()}
+
+
+def min_relative_gap(q, r, kmax, self_exclude):
+    """Smallest relative gap between consecutive L2 distances among each query's kmax + 1 nearest."""
+    D = torch.cdist(q.double(), r.double())
+    if self_exclude:
+        D.fill_diagonal_(float("inf"))
+    top = D.sort(dim=1).values[:, :kmax + 1]
+    return float(((top[:, 1:] - top[:, :-1]) / top[:, 1:]).min())
+
+
+def test_euclidean_default_matches_brute_force_l2():
+    # float64 draws cast to float32; classes overlap so that Recall@K is neither 0 nor 1
+    g = torch.Generator().manual_seed(18)
+    y = torch.randint(0, 12, (150,), generator=g)
+    centres = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    x = (0.12 * (centres[y] + 1.2 * torch.randn(150, 6, generator=g, dtype=torch.float64))).float()
+    ks = (1, 2, 4, 8)
+    names = tuple(f"recall_at_{K}" for K in ks)
+    calc = RecallAtKAccuracyCalculator(k_values=ks, device=CPU, include=names)
+    assert calc.c is None
+    acc = calc.get_accuracy(x, y)
+    ref = brute_recall_euclidean(x, y, x, y, ks, True)
+    # no near-ties at the ranks that matter (gaps ~1000x float32 eps), so faiss's order is exact
+    assert min_relative_gap(x, x, max(ks), True) > 5e-5
+    assert set(acc) == set(ref)
+    for key, v in ref.items():
+        assert acc[key] == pytest.approx(v, abs=1e-12), key
+    assert 0.0 < ref["recall_at_1"] < ref["recall_at_8"] < 1.0  # a non-degenerate comparison
+    # the default really is Euclidean: the Poincaré (c = 0.1) ranking gives other values here
+    assert brute_recall(x, y, x, y, ks, 0.1, True) != ref
+    # query/gallery split: the same L2 brute force
+    q, ql, r, rl = x[:60], y[:60], x[60:], y[60:]
+    assert min_relative_gap(q, r, max(ks), False) > 5e-5
+    acc_qg = RecallAtKAccuracyCalculator(k_values=ks, device=CPU, include=names).get_accuracy(q, ql, r, rl)
+    assert acc_qg == pytest.approx(brute_recall_euclidean(q, ql, r, rl, ks, False), abs=1e-12)
+
+
 def test_euclidean_default_and_bad_args():
     x, y = data(80, 4, 5, seed=3)
     acc = RecallAtKAccuracyCalculator(device=CPU, include=("recall_at_1",)).get_accuracy(x, y)
     assert 0.0 <= acc["recall_at_1"] <= 1.0
+    assert min_relative_gap(x, x, 1, True) > 1e-3
+    assert acc["recall_at_1"] == pytest.approx(brute_recall_euclidean(x, y, x, y, (1,), True)["recall_at_1"],
+                                               abs=1e-12)
     with pytest.raises(ValueError, match="k_values"):
         RecallAtKAccuracyCalculator(k_values=(0, 1))
     with pytest.raises(ValueError, match="k_values"):

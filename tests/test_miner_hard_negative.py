@@ -97,7 +97,29 @@ def test_bad_args(kwargs, name):
 
 
 def test_threshold_one_is_valid():
-    HardNegativeProbabilityMiner(threshold=1.0)
+    miner = HardNegativeProbabilityMiner(threshold=1.0)
+    assert miner.threshold == 1.0 and miner.top_k is None
+    # p(n) >= 1 keeps a negative only when it is the anchor's whole softmax support
+    x = torch.tensor([[0.1, 0.0], [0.3, 0.0], [-0.5, 0.2]], dtype=torch.float64)
+    y = torch.tensor([0, 0, 1])
+    # positives in the softmax (default): anchors 0 and 1 split their weight between 1 positive and
+    # 1 negative (p(2) = 1 / (1 + exp((D_a2 - D_a+) / τ)) < 1); anchor 2 has no positive -> nothing
+    p01, p02, p12 = (ref_poincare(x[i].tolist(), x[j].tolist(), 0.1) for i, j in ((0, 1), (0, 2), (1, 2)))
+    w = miner.negative_weights(x, y)
+    assert float(w[0, 2]) == pytest.approx(1 / (1 + math.exp((p02 - p01) / 0.2)), rel=1e-12)
+    assert float(w[1, 2]) == pytest.approx(1 / (1 + math.exp((p12 - p01) / 0.2)), rel=1e-12)
+    assert float(w[0, 2]) < 1 and float(w[1, 2]) < 1
+    a, p, n = miner(x, y)
+    assert len(a) == len(p) == len(n) == 0
+    # negatives only: the single negative of anchors 0 and 1 has p = 1 -> kept; anchor 2's two
+    # negatives share its weight (p < 1) and it has no positive anyway
+    only_neg = HardNegativeProbabilityMiner(threshold=1.0, include_positives=False)
+    w = only_neg.negative_weights(x, y)
+    assert float(w[0, 2]) == 1.0 and float(w[1, 2]) == 1.0
+    assert 0 < float(w[2, 0]) < 1 and float(w[2, 0] + w[2, 1]) == pytest.approx(1.0)
+    assert as_set(only_neg(x, y)) == {(0, 1, 2), (1, 0, 2)}
+    assert as_set(only_neg(x, y)) == brute_force(x, y, x, y, True, lambda u, v: ref_poincare(u, v, 0.1), False,
+                                                0.2, 1.0, None, False)
 
 
 @pytest.mark.parametrize("c", [0.1, 1.0])

@@ -206,8 +206,17 @@ def test_hypll_curvature_parameter_receives_gradient():
     from hypll.manifolds.poincare_ball import Curvature
 
     curv = Curvature(0.3, requires_grad=True)
-    pb.pairwise_dist(ball_points(4, 3, 1.0, 0, 0.5), ball_points(3, 3, 1.0, 1, 0.5), curv).sum().backward()
+    x, y = ball_points(4, 3, 1.0, 0, 0.5), ball_points(3, 3, 1.0, 1, 0.5)
+    pb.pairwise_dist(x, y, curv).sum().backward()
     assert curv.value.grad is not None and torch.isfinite(curv.value.grad)
+    assert curv.value.grad != 0
+    # float64 reference: c = softplus(value), d_c = arcosh(1 + 2c‖x−y‖² / ((1−c‖x‖²)(1−c‖y‖²))) / √c
+    value = curv.value.detach().double().clone().requires_grad_()
+    c = torch.nn.functional.softplus(value)
+    diff2 = ((x[:, None] - y[None]) ** 2).sum(-1)
+    den = (1 - c * (x * x).sum(-1))[:, None] * (1 - c * (y * y).sum(-1))[None]
+    (torch.acosh(1 + 2 * c * diff2 / den) / c.sqrt()).sum().backward()
+    assert float(curv.value.grad) == pytest.approx(float(value.grad), rel=1e-5)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), -float("inf"), torch.tensor(0.0),

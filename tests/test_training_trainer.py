@@ -62,8 +62,39 @@ def test_max_steps_spans_epochs():
 
 def test_loss_is_float32_under_bf16_autocast():
     trainer = make_trainer(amp_dtype=torch.bfloat16, max_steps=2)
+    seen = {"trunk": [], "loss_in": [], "loss_out": [], "autocast_in_loss": [], "total": []}
+    trainer.models["trunk"].register_forward_hook(lambda m, i, o: seen["trunk"].append(o.dtype))
+    loss_fn = trainer.loss_funcs["metric_loss"]
+
+    def loss_hook(module, inputs, output):
+        seen["loss_in"].append((inputs[0].detach().clone(), inputs[1].clone()))
+        seen["loss_out"].append(output)
+        seen["autocast_in_loss"].append(torch.is_autocast_enabled("cpu"))
+
+    handle = loss_fn.register_forward_hook(loss_hook)
+    original_backward = trainer.backward
+
+    def spy_backward():
+        seen["total"].append(trainer.losses["total_loss"])
+        original_backward()
+
+    trainer.backward = spy_backward
     trainer.train(1, 1)
-    assert trainer.losses["total_loss"] == 0 or True  # zeroed after the epoch; the run must not fail
+    handle.remove()
+    assert trainer.global_step == 2
+    # the models really ran under bf16 autocast (otherwise this test would prove nothing) ...
+    assert seen["trunk"] == [torch.bfloat16, torch.bfloat16]
+    # ... while the loss saw float32 embeddings, outside autocast, and returned a float32 loss
+    assert seen["autocast_in_loss"] == [False, False]
+    assert len(seen["loss_out"]) == 2 and len(seen["total"]) == 2
+    for (emb, labels), out, total in zip(seen["loss_in"], seen["loss_out"], seen["total"]):
+        assert emb.dtype == torch.float32
+        assert torch.is_tensor(out) and out.dtype == torch.float32 and out.ndim == 0
+        assert bool(torch.isfinite(out)) and out.requires_grad
+        assert torch.is_tensor(total) and total.dtype == torch.float32 and bool(torch.isfinite(total))
+        assert total.item() == pytest.approx(out.item())  # loss weight 1: total = metric loss
+        # the same loss recomputed in plain float32 from the embeddings it was given
+        assert out.item() == pytest.approx(loss_fn(emb, labels).item(), rel=1e-6, abs=1e-7)
     emb = trainer.compute_embeddings(torch.randn(4, 8))
     assert emb.dtype == torch.float32
 
