@@ -7,6 +7,7 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer
 
 from ..distances import PoincareDistance
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
+from ..miners._mining_utils import self_match_mask
 
 
 class HierarchicalMarginLoss(BaseMetricLossFunction):
@@ -88,6 +89,12 @@ class HierarchicalMarginLoss(BaseMetricLossFunction):
         pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         mat = as_compute(self.distance(embeddings, ref_emb))
         same = ref_emb is embeddings
+        # the batch's own copies inside a reference set (CrossBatchMemory enqueues the batch before
+        # computing the loss): same label and bit-identical embedding; excluded like the diagonal
+        copies = None
+        if not same:
+            with torch.no_grad():
+                copies = self_match_mask(embeddings, ref_emb, labels.view(-1, 1) == ref_labels.view(1, -1))
         # batch class-pair means over all distinct (query, ref) pairs, compact class ids
         classes, inv = torch.unique(torch.cat([labels, ref_labels]), return_inverse=True)
         qi, ri = inv[: labels.numel()], inv[labels.numel():]
@@ -102,6 +109,10 @@ class HierarchicalMarginLoss(BaseMetricLossFunction):
             if same:  # self-pairs excluded: their D (0 for a true distance) and their count
                 sums.diagonal().sub_(mat.new_zeros(Cb).index_add_(0, qi, mat.diagonal()))
                 cnt.diagonal().sub_(n_q)
+            elif copies is not None and bool(copies.any()):
+                r, c = copies.nonzero(as_tuple=True)
+                sums.diagonal().sub_(mat.new_zeros(Cb).index_add_(0, qi[r], mat[r, c]))
+                cnt.diagonal().sub_(torch.bincount(qi[r], minlength=Cb).to(mat.dtype))
         sums, cnt = (sums + sums.T) / 2, (cnt + cnt.T) / 2  # d_ab is symmetric
         batch_mean = sums / cnt.clamp_min(1)
         present = cnt > 0
