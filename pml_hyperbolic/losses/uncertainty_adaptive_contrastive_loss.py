@@ -19,7 +19,8 @@ class UncertaintyAdaptiveContrastiveLoss(UncertaintyFactorMixin, BaseMetricLossF
 
     Hyp-UML Eq. (6) writes :math:`\tau = \log(U_i/\max U + 1)/\mathrm{scale}` with :math:`U = 1 - D(x, 0)`.
     Both parts are unusable as written (see :mod:`pml_hyperbolic.uncertainty`): ``mode`` picks U
-    (default: the sound ``"clip"`` normalisation, chosen by ``bench/uncertainty_modes.py``;
+    (default: the sound ``"clip"`` normalisation; ``bench/uncertainty_modes.py`` finds no mode
+    better than another beyond seed noise;
     ``"literal"`` = the paper's U with a guard and a warning). ``scale_rule`` says whether g
     multiplies (default) or divides by ``scale`` — the paper does not say; with its scale 0.02 a
     division would give τ up to log 2 / 0.02 ≈ 35, so we multiply. The default scale 0.3 makes the
