@@ -243,3 +243,16 @@ def test_reference_values():
     expected = torch.tensor([[0.90682553570191511, 1.3248125385356362], [0.4924494912489351, 1.1500865228483709]], dtype=torch.float64)
     torch.testing.assert_close(pb.pairwise_dist(x, y, 10.0), expected, rtol=1e-13, atol=0)
     torch.testing.assert_close(pb.pairwise_dist(x.float(), y.float(), 10.0), expected.float(), rtol=1e-5, atol=0)
+
+
+def test_large_self_gradient_takes_the_two_product_path():
+    # x is y with >= 2^22 pairs: (E + E^T)A is computed as E A + E^T A; it must equal the gradient
+    # of the general path (a copy of x as y, then the two gradients added)
+    g = torch.Generator().manual_seed(7)
+    x = pb.expmap0(0.4 * torch.randn(2100, 16, generator=g, dtype=torch.float64), 0.5)
+    w = torch.rand(2100, 2100, generator=g, dtype=torch.float64)  # a non-symmetric upstream gradient
+    a = x.clone().requires_grad_()
+    (pb.pairwise_dist(a, a, 0.5) * w).sum().backward()
+    b, c = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (pb.pairwise_dist(b, c, 0.5) * w).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad + c.grad, rtol=1e-10, atol=1e-10)
