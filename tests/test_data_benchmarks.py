@@ -276,8 +276,8 @@ def test_unreadable_image_is_skipped_with_warning_and_counted(tmp_path):
     assert dataset.num_unreadable == 1
     images, labels = collate_skipping_unreadable([dataset[i] for i in range(len(dataset))])
     assert images.shape[0] == 3 and labels.tolist() == dataset.labels[1:].tolist()
-    with pytest.raises(RuntimeError, match="all 1 images of a batch were unreadable"):
-        collate_skipping_unreadable([dataset[0]])
+    with pytest.warns(RuntimeWarning, match="all 1 images of a batch were unreadable"):
+        assert collate_skipping_unreadable([dataset[0]]) is None  # skipped by the trainer / tester
 
     fresh = OnlineProductsDataset(str(tmp_path), "train")
     with pytest.warns(RuntimeWarning):
@@ -388,3 +388,34 @@ def test_recipe_counts_each_unreadable_file_once_across_its_datasets(tmp_path):
     fake = SimpleNamespace(train_set=PseudoLabelledDataset(LabelledSubset(train_a, [0, 1, 2])),
                            train_eval_set=train_b, eval_sets={"test": torch.utils.data.Subset(test, [0, 1])})
     assert Recipe.count_unreadable(fake) == 2
+
+
+def test_trainer_and_tester_skip_a_batch_of_unreadable_images_only(tmp_path):
+    # a whole batch unreadable is not a crash mid-epoch: the trainer takes the next batch, the tester
+    # leaves it out
+    from pml_hyperbolic.training.evaluation import build_tester
+    from pml_hyperbolic.training.trainer import HyperbolicTrainer
+    from pytorch_metric_learning.losses import ContrastiveLoss
+
+    make_sop(str(tmp_path))
+    tf = build_transforms("imagenet", train=False, image_size=32, resize_size=36)
+    dataset = OnlineProductsDataset(str(tmp_path), "train", transform=tf)
+    for i in (0, 1):  # class 11 (both images of the first batch below) unreadable
+        break_image(dataset.paths[i])
+    trunk = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 4))
+    head = torch.nn.Linear(4, 3)
+    # a fixed batch sampler: the first batch is all unreadable
+    batches = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(4)), 2, drop_last=True)
+    trainer = HyperbolicTrainer(
+        models={"trunk": trunk, "embedder": head},
+        optimizers={"trunk_optimizer": torch.optim.SGD(trunk.parameters(), lr=0.1)},
+        batch_size=2, loss_funcs={"metric_loss": ContrastiveLoss()}, mining_funcs={}, dataset=dataset,
+        sampler=batches, iterations_per_epoch=1, collate_fn=collate_skipping_unreadable,
+        dataloader_num_workers=0, end_of_epoch_hook=lambda t: True, show_progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(1, 1)
+        assert trainer.global_step == 1  # one step, on the readable batch
+        tester = build_tester(c=None, k_values=(1,), batch_size=2)
+        emb, labels = tester.get_all_embeddings(dataset, trunk, head, collate_fn=collate_skipping_unreadable)
+    assert emb.shape == (2, 3) and labels[:, 0].tolist() == [1, 2]

@@ -228,10 +228,13 @@ def first_existing(candidates, predicate=os.path.exists):
 
 def collate_skipping_unreadable(batch):
     """``collate_fn`` for :class:`ImageListDataset` with ``on_unreadable="skip"``: drops the
-    ``None`` items of unreadable images, then collates as PyTorch's default does."""
+    ``None`` items of unreadable images, then collates as PyTorch's default does. A batch with no
+    readable image at all becomes ``None`` (with a warning), which this package's trainer and
+    tester skip."""
     kept = [item for item in batch if item is not None]
     if not kept:
-        raise RuntimeError(
-            f"all {len(batch)} images of a batch were unreadable: the dataset looks corrupt; "
-            "run dataset.check_images() to find and drop the bad files")
+        # nothing to collate: the package's trainer and tester skip a None batch
+        warnings.warn(f"all {len(batch)} images of a batch were unreadable; the batch is skipped "
+                      "(dataset.check_images() finds and drops the bad files)", RuntimeWarning, stacklevel=2)
+        return None
     return default_collate(kept)

@@ -44,6 +44,8 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
         embeddings, labels = [], []
         with torch.no_grad():
             for data in dataloader:
+                if data is None:  # every image of the batch was unreadable
+                    continue
                 images, label = self.data_and_label_getter(data)
                 label = c_f.process_label(label, "all", self.label_mapper)
                 if label.dim() == 1:
@@ -51,6 +53,8 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
                 emb = self.get_embeddings_for_eval(trunk_model, embedder_model, images)
                 embeddings.append(emb.to(self.data_device))
                 labels.append(label.to(self.data_device))
+        if not embeddings:
+            raise RuntimeError("no readable image in the evaluation set")
         return torch.cat(embeddings), torch.cat(labels)
 
 

@@ -149,7 +149,7 @@ def backbone_features(model, dataset, device, max_samples=1000, batch_size=128, 
                                          collate_fn=collate_skipping_unreadable)
     was_training = model.training
     model.eval()
-    feats = [model(x.to(device)).float().cpu() for x, _ in loader]
+    feats = [model(batch[0].to(device)).float().cpu() for batch in loader if batch is not None]
     model.train(was_training)
     return torch.cat(feats)
 
@@ -559,7 +559,10 @@ def compute_embeddings(trunk, head, dataset, device, batch_size=128, num_workers
     loader = torch.utils.data.DataLoader(_WithIndex(dataset), batch_size=batch_size, num_workers=num_workers,
                                          collate_fn=collate_skipping_unreadable)
     out = None
-    for index, images in loader:
+    for batch in loader:
+        if batch is None:  # every image of the batch was unreadable: its rows stay at the origin
+            continue
+        index, images = batch
         emb = head(trunk(images.to(device))).float().cpu()
         if out is None:
             # rows of unreadable images (skipped by the loader) stay at the origin
@@ -567,6 +570,8 @@ def compute_embeddings(trunk, head, dataset, device, batch_size=128, num_workers
         out[index] = emb
     trunk.train(modes[0])
     head.train(modes[1])
+    if out is None:
+        raise RuntimeError("no readable image in the dataset: nothing to embed")
     return out
 
 

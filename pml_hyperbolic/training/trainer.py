@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import torch
 import tqdm
 from pytorch_metric_learning.trainers import MetricLossOnly
+from pytorch_metric_learning.utils import common_functions as c_f
 
 
 def resolve_amp(amp: str, device: torch.device):
@@ -124,6 +125,19 @@ class HyperbolicTrainer(MetricLossOnly):
             self.zero_losses()
             if self.end_of_epoch_hook(self) is False:
                 break
+
+    def get_batch(self):
+        # a batch of unreadable images only is None (collate_skipping_unreadable): take the next
+        # one, for at most one pass over the loader (then the data itself is unusable)
+        for _ in range(len(self.dataloader) + 1):
+            self.dataloader_iter, batch = c_f.try_next_on_generator(self.dataloader_iter, self.dataloader)
+            if batch is not None:
+                break
+        else:
+            raise RuntimeError("every image of a whole pass over the training data was unreadable")
+        data, labels = self.data_and_label_getter(batch)
+        labels = c_f.process_label(labels, self.label_hierarchy_level, self.label_mapper)
+        return self.maybe_do_batch_mining(data, labels)
 
     # ---- forward: models under autocast, losses in float32 ----
     def autocast(self):
