@@ -54,6 +54,16 @@ def make_embeddings(n, d, c, seed):
     return pb.project(pb.expmap0(v, c), c).float()
 
 
+def lifted_for_faiss(query, reference, c):
+    """float32 (reference, query) arrays whose inner products rank by Poincaré distance: the
+    Lorentz lift Y of the references, and Q = (-1, X_1: / X_0) for the queries."""
+    X = pb.to_lorentz(query.double(), c)
+    Q = X / X[:, :1]
+    Q[:, 0] = -1.0
+    Y = pb.to_lorentz(reference.double(), c)
+    return np.ascontiguousarray(Y.float().numpy()), np.ascontiguousarray(Q.float().numpy())
+
+
 def brute_force(x, rows, k, c):
     """float64 exact neighbours of x[rows] among x (self excluded), ties by index."""
     x64 = x.double()
@@ -119,11 +129,7 @@ def run_case(n, d, k, c, args):
     x = make_embeddings(n, d, c, seed=n)
     print(f"\n## N={n}, D={d}, k={k}, c={c} (self-retrieval, query = reference)")
     # faiss baseline on the same lifted vectors
-    X = pb.to_lorentz(x.double(), c)
-    Q = (X / X[:, :1]).clone()
-    Q[:, 0] = -1.0
-    Y32 = np.ascontiguousarray(X.float().numpy())
-    Q32 = np.ascontiguousarray(Q.float().numpy())
+    Y32, Q32 = lifted_for_faiss(x, x, c)
 
     def faiss_flat():
         index = faiss.IndexFlatIP(d + 1)
@@ -196,12 +202,7 @@ def run_query_gallery_case(nq, ng, k, d, c, args):
     x = make_embeddings(nq + ng, d, c, seed=nq + ng)
     query, gallery = x[:nq], x[nq:]
     print(f"\n## query {nq} x gallery {ng}, D={d}, k={k}, c={c} (In-Shop shape, query != gallery)")
-    Xg = pb.to_lorentz(gallery.double(), c)
-    Xq = pb.to_lorentz(query.double(), c)
-    Q = (Xq / Xq[:, :1]).clone()
-    Q[:, 0] = -1.0
-    Y32 = np.ascontiguousarray(Xg.float().numpy())
-    Q32 = np.ascontiguousarray(Q.float().numpy())
+    Y32, Q32 = lifted_for_faiss(query, gallery, c)
 
     def faiss_flat():
         index = faiss.IndexFlatIP(d + 1)

@@ -188,12 +188,16 @@ def load_offline_weights(model, arch):
 # ----------------------------------------------------------------------------- hub and checkpoints
 
 
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
 def hub_reachable(timeout=HUB_PROBE_TIMEOUT_S):
     """Quick TCP probe of the Hugging Face hub (honours ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE``).
 
     The name lookup and the connection run in a daemon thread that is given ``timeout`` seconds in
     all: ``socket.create_connection``'s own timeout does not cover a hanging DNS lookup."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+    if _hub_offline():
         return False
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
@@ -265,7 +269,7 @@ def _create_from_hub(arch, num_classes, hub_timeout, **timm_kwargs):
     if cached is not None:
         return timm.create_model(arch, pretrained=True, num_classes=num_classes,
                                  pretrained_cfg_overlay={"file": cached}, **timm_kwargs)
-    why = ("HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    why = ("HF_HUB_OFFLINE is set" if _hub_offline()
            else f"no connection to it within {hub_timeout:g} s")
     raise PretrainedWeightsUnavailableError(
         f"pretrained weights for {arch} need the Hugging Face hub, which is unreachable from here ({why}), "

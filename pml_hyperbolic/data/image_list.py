@@ -139,9 +139,6 @@ class ImageListDataset(Dataset):
         with Image.open(path) as image:
             return image.convert("RGB")  # convert() forces a full decode inside the try
 
-    def _is_flagged(self, index) -> bool:
-        return bool(self._unreadable_flags[index])
-
     def _note_unreadable(self, index, error):
         if self._unreadable_flags[index]:
             return

@@ -358,20 +358,24 @@ class HyperbolicIndex:
             else:
                 q32 = q.to(torch.float32)
                 q32 = q32 if torch.equal(q32.double(), q) else None
-        for start in range(0, m, self._rows_per_batch(k)):
-            stop = min(m, start + self._rows_per_batch(k))
+        rows = self._rows_per_batch(k)
+        for start in range(0, m, rows):
+            stop = min(m, start + rows)
             ids = query_ids[start:stop] if excl else None
             d, i = self._search_batch(q[start:stop], k, ids, None if q32 is None else q32[start:stop])
             out_d[start:stop] = d
             out_i[start:stop] = i
         return out_d.to(device), out_i.to(device)
 
+    def _margin(self, k: int) -> int:
+        # a few candidates past k are enough for the gap test of the certification to succeed
+        return self.margin if self.margin is not None else max(4, k // 32)
+
     def _rows_per_batch(self, k: int) -> int:
         # at most batch_size, and few enough that each (rows x k') int64 / float64 array of a batch
         # stays at 16 MB: the allocator then reuses its memory from batch to batch, while larger
         # blocks are fresh pages every time (measured: ~10% of the whole search at k = 1000)
-        kk = k + 1 + (self.margin if self.margin is not None else max(4, k // 32))
-        rows = max(1, (1 << 21) // kk)
+        rows = max(1, (1 << 21) // (k + 1 + self._margin(k)))
         return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
 
     def _faiss_search(self, Q32: np.ndarray, kk: int):
@@ -397,9 +401,7 @@ class HyperbolicIndex:
     def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor], q32: Optional[Tensor] = None):
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
-        # a few candidates past k are enough for the gap test of the certification to succeed
-        margin = self.margin if self.margin is not None else max(4, k // 32)
-        kk = min(n, kk_needed + margin)
+        kk = min(n, kk_needed + self._margin(k))
         X0, X = _lift(q, self.c)
         Q = X / X0[:, None]
         Q[:, 0] = -1.0
@@ -581,10 +583,7 @@ class HyperbolicIndex:
         wide_len = self._wide_prefix(s32, X0, e, k)
         if bool((wide_len > 0).any()):
             rows = (wide_len > 0).nonzero(as_tuple=True)[0]
-            lens = wide_len[rows]
-            wr = torch.repeat_interleave(rows, lens)
-            starts = torch.cumsum(lens, 0) - lens
-            wp = torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+            wr, wp = _expand_ranges(rows, torch.zeros_like(rows), wide_len[rows])
             if marked_key is not None:
                 free = ~torch.isin(wr * kk + wp, marked_key)
                 wr, wp = wr[free], wp[free]
@@ -769,15 +768,6 @@ class HyperbolicIndex:
         # typical: rounding errors of a length-n float32 sum grow like sqrt(n) u (random-walk model)
         return 2.0 * math.sqrt(d1 + 2) * _U32
 
-    def _exact(self, q: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-        """float64 Poincaré distances of the (query row, reference index) pairs."""
-        out = torch.empty(rows.shape[0], dtype=torch.float64)
-        step = 1 << 18
-        for a in range(0, rows.shape[0], step):
-            r, cidx = rows[a : a + step], cols[a : a + step]
-            out[a : a + step] = pb.dist(q[r], self._ball[cidx], self.c)
-        return out
-
     def _refine(self, q, X0, qnorm, s32, idx, k, ids, complete):
         """Turn faiss candidates into the certified exact top-k (see module docstring).
 
@@ -815,7 +805,7 @@ class HyperbolicIndex:
             new = exact & ~done
             if new.any():
                 rows, cols = new.nonzero(as_tuple=True)
-                dd = self._exact(q, rows, idx_safe[rows, cols])
+                dd = self._exact_pairs(q, rows, idx_safe[rows, cols])
                 exact_d[rows, cols] = dd
                 a_ex = torch.cosh(sqrt_c * dd)
                 lo[rows, cols] = a_ex
@@ -864,6 +854,15 @@ class HyperbolicIndex:
         ok = (kth_hi < a_floor) & finite
         return out_d, out_i, ok
 
+
+
+def _expand_ranges(rows: Tensor, starts: Tensor, lengths: Tensor):
+    """(row, position) pairs, row-major, of the positions ``starts[i] .. starts[i] + lengths[i] - 1``
+    of each ``rows[i]``."""
+    rr = torch.repeat_interleave(rows, lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    pp = torch.repeat_interleave(starts - offsets, lengths) + torch.arange(int(lengths.sum()))
+    return rr, pp
 
 
 def _all_cluster_members(s32: Tensor, two_e: Tensor, region_end: Tensor):
@@ -916,11 +915,7 @@ def _boundary_cluster_members(s32: Tensor, two_e: Tensor, ranks, region_end: Ten
             todo = todo[~done]
             half *= 4
         right = torch.minimum(right, region_end[rows] - 1)
-        lens = (right - left + 1).clamp_min(0)
-        rr = torch.repeat_interleave(rows, lens)
-        starts = torch.cumsum(lens, 0) - lens
-        pp = torch.repeat_interleave(left, lens) + torch.arange(int(lens.sum())) - \
-            torch.repeat_interleave(starts, lens)
+        rr, pp = _expand_ranges(rows, left, (right - left + 1).clamp_min(0))
         keys.append(rr * w + pp)
     if not keys:
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
