@@ -71,12 +71,17 @@ def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
     """Return the positive curvature magnitude c as a 0-d tensor of ``dtype``.
 
     Accepts a Python number, a 0-d (or one-element) tensor, a hypll ``Curvature`` (evaluated
-    through its constraining strategy) or a hypll ``PoincareBall`` (its ``.c``). A tensor keeps
+    through its constraining strategy), a hypll ``PoincareBall`` (its ``.c``) or a
+    :class:`pml_hyperbolic.geometry.PoincareGeometry` (read without re-validation). A tensor keeps
     its autograd graph so that a learnable curvature receives gradients.
 
     Raises:
         ValueError: if c is not finite or not strictly positive (the message names ``c``).
     """
+    if getattr(c, "_is_pml_geometry", False):
+        # a PoincareGeometry validated its curvature once at construction and its constraint keeps
+        # it positive: read it without a device-to-host check on every call
+        return c.curvature(dtype, device)
     if hasattr(c, "c") and isinstance(getattr(c, "c"), torch.nn.Module):  # hypll PoincareBall
         c = c.c
     if isinstance(c, torch.nn.Module):

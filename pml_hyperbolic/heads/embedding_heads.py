@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .to_poincare import ToPoincare
+from ..geometry import DEFAULT_CURVATURE
+from .to_poincare import _UNSET, ToPoincare
 
 
 def _orthogonal_linear(in_features: int, out_features: int) -> nn.Linear:
@@ -18,15 +19,21 @@ def _orthogonal_linear(in_features: int, out_features: int) -> nn.Linear:
 class HyperbolicEmbeddingHead(nn.Module):
     """The Hyp-ViT head: ``Linear(in, out)`` (orthogonal init, zero bias) then :class:`ToPoincare`.
 
-    Defaults follow Ermolov et al. (CVPR'22): 128-d, c = 0.1, clip radius 2.3. Returns a plain
-    tensor of ball points (PML cannot pass hypll ``ManifoldTensor`` objects through its losses).
+    Defaults follow Ermolov et al. (CVPR'22): 128-d, c = 0.1, clip radius 2.3. Pass a
+    :class:`~pml_hyperbolic.geometry.PoincareGeometry` as ``c`` to share the curvature and the
+    clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
+    object in use either way. Returns a plain tensor of ball points.
     """
 
-    def __init__(self, in_features: int, out_features: int = 128, c=0.1, clip_r: float | None = 2.3,
-                 learnable_c: bool = False):
+    def __init__(self, in_features: int, out_features: int = 128, c=DEFAULT_CURVATURE, clip_r=_UNSET,
+                 learnable_c=_UNSET, clip=_UNSET):
         super().__init__()
         self.linear = _orthogonal_linear(in_features, out_features)
-        self.to_poincare = ToPoincare(c=c, clip_r=clip_r, learnable_c=learnable_c)
+        self.to_poincare = ToPoincare(c=c, clip_r=clip_r, learnable_c=learnable_c, clip=clip)
+
+    @property
+    def geometry(self):
+        return self.to_poincare.geometry
 
     @property
     def c(self) -> torch.Tensor:
