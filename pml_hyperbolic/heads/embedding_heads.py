@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..geometry import DEFAULT_CURVATURE
+from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE
 from .to_poincare import _UNSET, ToPoincare
 
 
@@ -16,20 +16,62 @@ def _orthogonal_linear(in_features: int, out_features: int) -> nn.Linear:
     return linear
 
 
-class HyperbolicEmbeddingHead(nn.Module):
-    """The Hyp-ViT head: ``Linear(in, out)`` (orthogonal init, zero bias) then :class:`ToPoincare`.
+RADIUS_MODES = ("learned", "norm")
 
-    Defaults follow Ermolov et al. (CVPR'22): 128-d, c = 0.1, clip radius 2.3. Pass a
-    :class:`~pml_hyperbolic.geometry.PoincareGeometry` as ``c`` to share the curvature and the
-    clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
+
+class RadialConfidence(nn.Module):
+    r"""The learned tangent norm of the polar head: :math:`ho(f) = ho_{max}\,\sigma(g(\hat f))`.
+
+    :math:`\hat f = \sqrt{D_{in}}\,f/\|f\|` (scale-free input, unit mean square), g a two-layer MLP
+    (``in → hidden → 1``, ReLU) whose last layer starts at zero weight and bias ``init_logit``, so
+    every sample starts at the same radius :math:`ho_{max}\sigma(	ext{init\_logit})`.
+    """
+
+    def __init__(self, in_features: int, hidden: int = 64, init_logit: float = 0.0):
+        super().__init__()
+        if hidden < 1:
+            raise ValueError(f"radial_hidden must be >= 1, got {hidden}")
+        self.mlp = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        nn.init.zeros_(self.mlp[2].weight)
+        nn.init.constant_(self.mlp[2].bias, float(init_logit))
+
+    def forward(self, f: torch.Tensor, max_norm: float) -> torch.Tensor:
+        f_hat = nn.functional.normalize(f, dim=-1) * f.shape[-1] ** 0.5
+        return max_norm * torch.sigmoid(self.mlp(f_hat))
+
+
+class HyperbolicEmbeddingHead(nn.Module):
+    r"""Linear head into the Poincaré ball; the distance to the origin is learned to mean confidence.
+
+    ``radius="learned"`` (**default**, the *polar head*): the direction comes from the Hyp-ViT
+    ``Linear`` (orthogonal init, zero bias), the tangent norm from :class:`RadialConfidence`:
+
+    .. math:: v = ho(f)\,rac{Wf + b}{\|Wf + b\|},\qquad x = \operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))
+
+    with :math:`ho \le r` (the geometry's clip radius), so d₀(x) = 2ρ(f) spreads with the loss's
+    radial pull (confident samples outward, ambiguous ones inward) instead of sitting at the clip.
+    Why: the Hyp-ViT head maps pretrained features to tangent norms of 20–100 against r = 2.3, so
+    clipping puts every embedding on one sphere and d₀ is constant (measured:
+    ``python bench/radius.py``, which also holds the ablation that chose this design).
+
+    ``radius="norm"``: the papers' exact head, ``ToPoincare(Linear(f))`` (Ermolov et al., CVPR'22:
+    128-d, c = 0.1, clip radius 2.3).
+
+    Pass a :class:`~pml_hyperbolic.geometry.PoincareGeometry` as ``c`` to share the curvature and
+    the clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
     object in use either way. Returns a plain tensor of ball points.
     """
 
     def __init__(self, in_features: int, out_features: int = 128, c=DEFAULT_CURVATURE, clip_r=_UNSET,
-                 learnable_c=_UNSET, clip=_UNSET):
+                 learnable_c=_UNSET, clip=_UNSET, radius: str = "learned", radial_hidden: int = 64,
+                 radial_init_logit: float = 0.0):
         super().__init__()
+        if radius not in RADIUS_MODES:
+            raise ValueError(f"radius must be one of {RADIUS_MODES}, got {radius!r}")
         self.linear = _orthogonal_linear(in_features, out_features)
         self.to_poincare = ToPoincare(c=c, clip_r=clip_r, learnable_c=learnable_c, clip=clip)
+        self.radius = radius
+        self.radial = RadialConfidence(in_features, radial_hidden, radial_init_logit) if radius == "learned" else None
 
     @property
     def geometry(self):
@@ -40,7 +82,16 @@ class HyperbolicEmbeddingHead(nn.Module):
         return self.to_poincare.c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.to_poincare(self.linear(x))
+        v = self.linear(x)
+        if self.radial is not None:
+            x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+            v = v.to(x.dtype)
+            max_norm = self.geometry.clip_r if self.geometry.clip_r is not None else DEFAULT_CLIP_R
+            v = nn.functional.normalize(v, dim=-1) * self.radial(x, max_norm)
+        return self.to_poincare(v)
+
+    def extra_repr(self) -> str:
+        return f"radius={self.radius!r}"
 
 
 class SphericalEmbeddingHead(nn.Module):
