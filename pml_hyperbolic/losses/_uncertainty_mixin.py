@@ -5,6 +5,7 @@ import warnings
 
 import torch
 
+from .. import poincare_ball as pb
 from ..uncertainty import _check_mode, hyperbolic_uncertainty, uncertainty_ratio_log
 from ._common import check_positive
 
@@ -13,7 +14,7 @@ class UncertaintyFactorMixin:
     def _init_uncertainty(self, mode, c, clip_r, detach_uncertainty):
         self.uncertainty_mode = _check_mode(mode)
         if c is not None:
-            check_positive(c, "c")
+            pb.as_curvature(c)  # ValueError naming c; a PoincareGeometry is kept by reference
         self.uncertainty_c = c
         self.clip_r = None if clip_r is None else check_positive(clip_r, "clip_r")
         self.detach_uncertainty = bool(detach_uncertainty)

@@ -119,6 +119,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                             "δ-hyperbolicity of backbone features on the training set.")
         g.add_argument("--clip-r", type=optional_float, default=2.3,
                        help="Feature-clipping radius before expmap0; 'none' disables clipping.")
+        g.add_argument("--head-radius", default="learned", choices=["learned", "norm"],
+                       help="Distance to the origin of the head's output: 'learned' = the polar head (a learned "
+                            "radial confidence: the Hyp-UML uncertainty then varies per sample), 'norm' = the "
+                            "papers' exact head (Linear + clip; with pretrained features every point sits at "
+                            "the clip radius). See bench/radius.py.")
     g.add_argument("--freeze-trunk", type=str2bool, default=False,
                    help="Train only the head: the backbone is frozen (eval mode, no gradients). The bundled-data "
                         "CPU quick path does this; the papers fine-tune everything.")

@@ -279,7 +279,8 @@ class Recipe:
     def build_head(self, in_features: int) -> torch.nn.Module:
         from ..heads import HyperbolicEmbeddingHead
 
-        return HyperbolicEmbeddingHead(in_features, self.args.embedding_dim, c=self.c, clip_r=self.args.clip_r)
+        return HyperbolicEmbeddingHead(in_features, self.args.embedding_dim, c=self.geometry,
+                                       radius=getattr(self.args, "head_radius", "learned"))
 
     def build_loss(self):
         raise NotImplementedError
@@ -399,6 +400,12 @@ class Recipe:
                 self.c = float(suggest_curvature(feats))
                 self.say(f"[pml-hyperbolic] --curvature auto: δ-hyperbolicity of {len(feats)} backbone features "
                          f"suggests c = {self.c:.4g}")
+        self.geometry = None
+        if self.c is not None:
+            from ..geometry import PoincareGeometry
+
+            clip_r = getattr(a, "clip_r", None)
+            self.geometry = PoincareGeometry(c=self.c, clip="hard" if clip_r is not None else None, clip_r=clip_r)
         self.head = self.build_head(dim).to(self.device)
 
     def build_optimizers(self, trunk, head, loss_funcs: Dict) -> Dict:

@@ -1,0 +1,299 @@
+#!/usr/bin/env python
+"""Does the ball's radius carry information? Head × loss ablation on the bundled glyphs.
+
+    python bench/radius.py                      # 3 seeds, every head and loss (about 6 min on 2 cores)
+    python bench/radius.py --seeds 0 --steps 300 --heads paper,polar --losses pce   # quick look
+
+Protocol (nothing is selected on test classes): the frozen MobileNetV2 (offline ImageNet weights,
+64 px) of ``bench/quality.py``; only the 128-d head trains, on pooled features (``BenchConfig``,
+head-only, batch 128 = 32 characters × 4, AdamW lr 3e-3, wd 0.01, grad clip 3). 32 of the 160
+training characters are carved out as a **validation** split (display-font queries vs serif/sans
+gallery, like the test protocol); the head design is chosen on the validation columns; the 160
+held-out test characters give the test columns.
+
+Per head and loss, mean ± std over seeds:
+
+* d₀ (geodesic distance to the origin) of the test queries: min / median / max, and the fraction
+  within 0.1% of the largest d₀ the head can produce (2r: "at the clip radius");
+* AUROC of the Hyp-UML uncertainty (−d₀) for "top-1 neighbour is of another class" (val and test);
+* AUROC clean vs degraded: every test query is also embedded blurred (Gaussian σ = 1.5 px), with
+  noise (σ = 0.5 of the normalised intensity) and occluded (a 24 px square set to the mean); the
+  AUROC of −d₀ for "degraded" over the 960 clean + 2,880 degraded queries;
+* R@1 and MAP@R (query → gallery, exact Poincaré kNN / cosine for the sphere), val and test;
+* parent R@1: the top-1 neighbour shares the query's radical;
+* Spearman between embedding distance and tree distance (0 same character, 1 same radical,
+  2 otherwise) over all query × gallery pairs.
+
+Heads: ``paper`` = Hyp-ViT's ``Linear`` + hard clip at 2.3 (``radius="norm"``); ``tanh`` = the same
+with the smooth clip r·tanh(‖v‖/r); ``polar`` = the package default (``radius="learned"``: the
+direction from the ``Linear``, the tangent norm from a learned radial confidence); ``sphere`` =
+PML-style L2-normalised head (for the losses that have a spherical form). Losses: ``pce`` =
+Hyp-ViT's pairwise cross-entropy (τ = 0.2), ``uml`` = Hyp-UML's uncertainty-adaptive contrastive
+loss (adaptive τ, its spread per anchor is printed), ``supcon`` = PML's SupConLoss (τ = 0.1, sphere
+only), ``hier`` = Hyp-ViT's loss + the HIER regulariser (if ``HIERLoss`` is available).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _quality_common as qc  # noqa: E402
+
+HEADS = ("paper", "tanh", "polar", "sphere")
+LOSSES = ("pce", "uml", "supcon", "hier")
+
+
+# ------------------------------------------------------------------------------- degraded queries
+
+def degrade(images: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
+    """Degraded copies of normalised image tensors (N, 3, H, W): 'blur', 'noise' or 'occlude'."""
+    from torchvision.transforms.functional import gaussian_blur
+
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "blur":
+        return gaussian_blur(images, kernel_size=9, sigma=1.5)
+    if kind == "noise":
+        return images + 0.5 * torch.randn(images.shape, generator=gen)
+    if kind == "occlude":
+        out = images.clone()
+        n, _, h, w = images.shape
+        side = min(24, h, w)
+        ys = torch.randint(0, h - side + 1, (n,), generator=gen)
+        xs = torch.randint(0, w - side + 1, (n,), generator=gen)
+        for i in range(n):
+            out[i, :, ys[i]:ys[i] + side, xs[i]:xs[i] + side] = 0.0
+        return out
+    raise ValueError(f"unknown degradation {kind!r}")
+
+
+def degraded_query_features(cfg, kinds=("blur", "noise", "occlude"), use_cache=True):
+    """Pooled backbone features of the test queries under each degradation: {kind: (N, 1280)}."""
+    from pml_hyperbolic.data import GlyphDataset, build_transforms
+
+    path = qc._cache_path(cfg, "glyphs", "degraded-queries|" + ",".join(kinds))
+    if use_cache and os.path.isfile(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
+    prefix, tail, _ = qc.split_backbone(cfg.backbone)
+    query = GlyphDataset("query")
+    clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
+    images = torch.stack([clean(query[i][0]) for i in range(len(query))])
+    out = {}
+    with torch.no_grad():
+        for j, kind in enumerate(kinds):
+            x = degrade(images, kind, seed=j)
+            out[kind] = torch.cat([tail(prefix(x[s:s + 256])) for s in range(0, len(x), 256)])
+    if use_cache:
+        os.makedirs(cfg.cache_dir, exist_ok=True)
+        torch.save(out, path)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- metrics
+
+def auroc(positive: np.ndarray, score: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    positive = np.asarray(positive, bool)
+    if positive.all() or not positive.any():
+        return float("nan")
+    return float(roc_auc_score(positive, score))
+
+
+def pair_distances(q, g, c):
+    from pml_hyperbolic import poincare_ball as pb
+
+    if c is None:
+        qn, gn = torch.nn.functional.normalize(q.double(), dim=1), torch.nn.functional.normalize(g.double(), dim=1)
+        return 1 - qn @ gn.T
+    return pb.pairwise_dist(q.double(), g.double(), float(c))
+
+
+def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
+    """d₀ statistics, failure AUROC, parent R@1 and Spearman to the tree distance (one split)."""
+    from scipy.stats import spearmanr
+
+    from pml_hyperbolic import poincare_ball as pb
+
+    d = pair_distances(q, g, c)
+    top = d.argmin(1)
+    wrong = (gl[top] != ql).numpy()
+    out = {"top1_wrong": wrong}
+    if c is not None:
+        d0 = pb.dist0(q.double(), float(c)).numpy()
+        out.update(d0_min=d0.min(), d0_med=np.median(d0), d0_max=d0.max(),
+                   at_clip=float((d0 >= 0.999 * max_d0).mean()) if np.isfinite(max_d0) else 0.0,
+                   auroc_fail=auroc(wrong, -d0), d0=d0)
+    if q_parent is not None:
+        out["parent_r1"] = float((g_parent[top] == q_parent).float().mean())
+        tree = np.where((ql[:, None] == gl[None, :]).numpy(), 0, np.where((q_parent[:, None] == g_parent[None, :]).numpy(), 1, 2))
+        rng = np.random.default_rng(0)
+        idx = rng.choice(tree.size, size=min(tree.size, 400_000), replace=False)
+        out["spearman"] = float(spearmanr(d.numpy().ravel()[idx], tree.ravel()[idx]).statistic)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- models
+
+def build(head_name, loss_name, feature_dim, embedding_dim=128):
+    """(head, loss, c or None, max d₀, extra loss or None) for one cell."""
+    from pytorch_metric_learning.distances import CosineSimilarity
+    from pytorch_metric_learning.losses import SupConLoss
+
+    from pml_hyperbolic.distances import PoincareDistance
+    from pml_hyperbolic.geometry import PoincareGeometry
+    from pml_hyperbolic.heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead
+    from pml_hyperbolic.losses import PairwiseCrossEntropyLoss, UncertaintyAdaptiveContrastiveLoss
+
+    if head_name == "sphere":
+        head = SphericalEmbeddingHead(feature_dim, embedding_dim)
+        if loss_name == "supcon":
+            return head, SupConLoss(temperature=0.1), None, np.inf
+        if loss_name == "pce":
+            return head, PairwiseCrossEntropyLoss(temperature=0.1, distance=CosineSimilarity()), None, np.inf
+        raise ValueError(f"no spherical form of {loss_name!r}")
+    if loss_name == "supcon":
+        raise ValueError("supcon runs on the sphere head only")
+    geometry = PoincareGeometry(c=0.1, clip="tanh" if head_name == "tanh" else "hard", clip_r=2.3)
+    head = HyperbolicEmbeddingHead(feature_dim, embedding_dim, c=geometry,
+                                   radius="learned" if head_name == "polar" else "norm")
+    distance = PoincareDistance(c=geometry)
+    if loss_name == "uml":
+        loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, clip_r=2.3, distance=distance)
+    else:
+        loss = PairwiseCrossEntropyLoss(temperature=0.2, distance=distance)
+    if loss_name == "hier":
+        from pml_hyperbolic.losses import HIERLoss
+
+        if head_name == "tanh":
+            raise ValueError("HIER rows: paper and polar heads only (CPU budget)")
+        # HIER's regulariser at a CPU budget: 128 proxies, 2,048 batch + 1,024 proxy triplets per step
+        loss = _Sum(loss, HIERLoss(embedding_size=embedding_dim, c=geometry, clip_r=2.3, num_proxies=128,
+                                   max_triplets=2048, max_proxy_triplets=1024))
+    return head, loss, geometry, geometry.max_dist0()
+
+
+class _Sum(torch.nn.Module):
+    """main loss + weight · regulariser (HIER's use: beside any loss)."""
+
+    def __init__(self, main, reg, weight=1.0):
+        super().__init__()
+        self.main, self.reg, self.weight = main, reg, weight
+
+    def forward(self, emb, labels, indices_tuple=None):
+        return self.main(emb, labels) + self.weight * self.reg(emb, labels)
+
+
+def embed(head, feats, batch=1024):
+    head.eval()
+    with torch.no_grad():
+        return torch.cat([head(feats[s:s + batch]) for s in range(0, len(feats), batch)]).float()
+
+
+def run_cell(cfg, data, head_name, loss_name, seed, steps):
+    torch.manual_seed(seed)
+    head, loss, geometry, max_d0 = build(head_name, loss_name, data["bank"].feature_dim)
+    c = None if geometry is None else float(geometry.curvature())
+    qc.train_with_labels(cfg, data["train"], torch.nn.Identity(), head, loss, seed=seed, steps=steps)
+    res = {}
+    vq, vg = data["val_q"], data["val_g"]
+    val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0)
+    res["val_r1"] = 1 - val["top1_wrong"].mean()
+    res["val_auroc_fail"] = val.get("auroc_fail", np.nan)
+    bank = data["bank"]
+    q, g = embed(head, bank.query.acts), embed(head, bank.gallery.acts)
+    test = radius_metrics(q, bank.query.labels, g, bank.gallery.labels, c, max_d0, data["q_parent"], data["g_parent"])
+    res.update({k: v for k, v in test.items() if k not in ("top1_wrong", "d0")})
+    res["r1"] = 1 - test["top1_wrong"].mean()
+    res["map_r"] = qc.retrieval_metrics(q, bank.query.labels, g, bank.gallery.labels, c=c,
+                                        keys=("mean_average_precision_at_r",))["mean_average_precision_at_r"]
+    if c is not None:
+        from pml_hyperbolic import poincare_ball as pb
+
+        d0_deg = np.concatenate([pb.dist0(embed(head, f).double(), c).numpy() for f in data["degraded"].values()])
+        is_deg = np.r_[np.zeros(len(test["d0"]), bool), np.ones(len(d0_deg), bool)]
+        res["auroc_degraded"] = auroc(is_deg, -np.r_[test["d0"], d0_deg])
+    if loss_name == "uml":
+        from pml_hyperbolic.uncertainty import hyperbolic_uncertainty, uncertainty_ratio_log
+
+        with torch.no_grad():
+            u = hyperbolic_uncertainty(q, c=geometry, clip_r=2.3)
+            tau = (loss.scale * uncertainty_ratio_log(u)).clamp_min(loss.min_temperature)
+        res["tau_spread"] = f"{float(tau.min()):.3f}-{float(tau.max()):.3f}"
+    return res
+
+
+def load_data(cfg, use_cache=True):
+    from pml_hyperbolic.data import GlyphDataset
+
+    bank = qc.pooled_bank(qc.build_bank(cfg, "glyphs", use_cache=use_cache), cfg, use_cache=use_cache)
+    train, val_q, val_g = qc.carve_validation(bank, num_val_classes=32, seed=0)
+    q_parent = torch.as_tensor(GlyphDataset("query").super_labels)
+    g_parent = torch.as_tensor(GlyphDataset("gallery").super_labels)
+    if len(q_parent) != len(bank.query.labels) or len(g_parent) != len(bank.gallery.labels):
+        raise RuntimeError("cached bank does not match the bundled glyph splits; rerun with --no-cache")
+    return {"bank": bank, "train": train, "val_q": val_q, "val_g": val_g, "q_parent": q_parent,
+            "g_parent": g_parent, "degraded": degraded_query_features(cfg, use_cache=use_cache)}
+
+
+def fmt(values, pct=False, digits=3):
+    v = np.asarray([x for x in values if x is not None], float)
+    if len(v) == 0 or np.all(np.isnan(v)):
+        return "—"
+    scale = 100 if pct else 1
+    if len(v) == 1:
+        return f"{scale * v[0]:.{1 if pct else digits}f}"
+    return f"{scale * np.nanmean(v):.{1 if pct else digits}f} ± {scale * np.nanstd(v):.{1 if pct else digits}f}"
+
+
+COLUMNS = [("val R@1", "val_r1", True), ("val AUROC fail", "val_auroc_fail", False), ("R@1", "r1", True),
+           ("MAP@R", "map_r", True), ("parent R@1", "parent_r1", True), ("Spearman", "spearman", False),
+           ("AUROC fail", "auroc_fail", False), ("AUROC degraded", "auroc_degraded", False),
+           ("d₀ min / med / max", None, False), ("at clip", "at_clip", True)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=600, help="training steps per cell (head only)")
+    p.add_argument("--heads", default=",".join(HEADS))
+    p.add_argument("--losses", default=",".join(LOSSES))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-cache", action="store_true")
+    a = p.parse_args(argv)
+    qc.set_threads(a.threads)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head")
+    t0 = time.perf_counter()
+    data = load_data(cfg, use_cache=not a.no_cache)
+    print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {data['bank'].note}; validation: 32 training characters")
+    heads, losses = a.heads.split(","), a.losses.split(",")
+    header = "| head | loss | " + " | ".join(name for name, _, _ in COLUMNS) + " | adaptive τ (test) |"
+    print(header + "\n|" + "---|" * (header.count("|") - 1))
+    for head_name in heads:
+        for loss_name in losses:
+            try:
+                build(head_name, loss_name, 8)
+            except (ValueError, ImportError):
+                continue  # no such combination (e.g. SupCon on the ball, HIER not installed)
+            runs = [run_cell(cfg, data, head_name, loss_name, s, a.steps) for s in seeds]
+            cells = []
+            for _, key, pct in COLUMNS:
+                if key is None:
+                    cells.append(" / ".join(fmt([r.get(k) for r in runs], digits=2) for k in ("d0_min", "d0_med", "d0_max"))
+                                 if "d0_min" in runs[0] else "—")
+                else:
+                    cells.append(fmt([r.get(key) for r in runs], pct=pct))
+            tau = ", ".join(r["tau_spread"] for r in runs) if "tau_spread" in runs[0] else "—"
+            print(f"| {head_name} | {loss_name} | " + " | ".join(cells) + f" | {tau} |", flush=True)
+    print(f"# {time.perf_counter() - t0:.0f} s wall")
+
+
+if __name__ == "__main__":
+    main()
