@@ -2,6 +2,7 @@
 from .cross_batch_memory import HyperbolicCrossBatchMemory
 from .hierarchical_log_ratio_loss import HierarchicalLogRatioLoss
 from .hierarchical_margin_loss import HierarchicalMarginLoss
+from .hier_loss import HIERLoss
 from .hyp_mix_loss import HypMixLoss
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 from .uncertainty_adaptive_contrastive_loss import UncertaintyAdaptiveContrastiveLoss
@@ -15,4 +16,5 @@ __all__ = [
     "HierarchicalLogRatioLoss",
     "HierarchicalMarginLoss",
     "HyperbolicCrossBatchMemory",
+    "HIERLoss",
 ]
