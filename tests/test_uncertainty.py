@@ -135,3 +135,29 @@ def test_recall_table_per_bin_equals_brute_force():
     bad[4] = float("nan")
     with pytest.raises(ValueError, match="uncertainty contains NaN"):
         uncertainty_recall_table(z, labels, c=0.1, uncertainty=bad)
+
+
+def test_recall_table_query_to_reference_equals_brute_force():
+    import numpy as np
+
+    from pml_hyperbolic import poincare_ball as pb
+    from pml_hyperbolic.evaluation import uncertainty_recall_table
+
+    g = torch.Generator().manual_seed(4)
+    to_ball = ToPoincare(c=0.1, clip_r=10.0)
+    q, ref = to_ball(torch.randn(60, 5, generator=g) * 2), to_ball(torch.randn(80, 5, generator=g) * 2)
+    q_labels, ref_labels = torch.arange(60) % 12, torch.arange(80) % 10  # classes 10, 11: no reference
+    u = torch.randperm(60, generator=g).double()
+    table = uncertainty_recall_table(q, q_labels, c=0.1, n_bins=2, uncertainty=u,
+                                     reference_embeddings=ref, reference_labels=ref_labels)
+    D = pb.pairwise_dist(q.double(), ref.double(), 0.1)
+    hit = (ref_labels[D.argmin(dim=1)] == q_labels).double().numpy()
+    keep = (q_labels < 10).numpy()
+    order = np.argsort(u.numpy()[keep])
+    for row, part in zip(table, np.array_split(order, 2)):
+        assert row["count"] == len(part)
+        assert row["recall_at_1"] == pytest.approx(hit[keep][part].mean())
+    with pytest.raises(ValueError, match="go together"):
+        uncertainty_recall_table(q, q_labels, c=0.1, reference_embeddings=ref)
+    with pytest.raises(ValueError, match="reference_embeddings must be"):
+        uncertainty_recall_table(q, q_labels, c=0.1, reference_embeddings=ref[:, :3], reference_labels=ref_labels)

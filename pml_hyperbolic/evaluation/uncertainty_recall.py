@@ -19,8 +19,14 @@ def uncertainty_recall_table(
     mode=None,
     clip_r: float = 2.3,
     knn_func=None,
+    reference_embeddings=None,
+    reference_labels=None,
 ):
-    r"""Recall@1 of each query per uncertainty quantile bin (self-retrieval, query = reference).
+    r"""Recall@1 of each query per uncertainty quantile bin.
+
+    Query → reference retrieval when ``reference_embeddings`` / ``reference_labels`` are given (the
+    protocol of the run's own Recall@1, e.g. display-font queries against a serif/sans gallery);
+    otherwise self-retrieval among the queries (query = reference, self excluded).
 
     Hyp-UML claims that embeddings nearer the origin (larger uncertainty
     :func:`pml_hyperbolic.uncertainty.hyperbolic_uncertainty`, the rule its losses use) are retrieved
@@ -30,9 +36,9 @@ def uncertainty_recall_table(
     ``{"bin", "u_min", "u_max", "u_mean", "count", "recall_at_1"}``,
 
     where recall_at_1 = fraction of the bin's queries whose nearest neighbour (Poincaré distance,
-    :class:`HyperbolicKNN`, self excluded) has the same label. A falling recall with rising
-    uncertainty supports the claim. Queries whose class has no other member ("lone" queries) cannot be
-    retrieved correctly and are left out, as in :class:`RecallAtKAccuracyCalculator` (so the
+    :class:`HyperbolicKNN`, self excluded in self-retrieval) has the same label. A falling recall
+    with rising uncertainty supports the claim. Queries whose class has no other member among the
+    references ("lone" queries) cannot be retrieved correctly and are left out, as in :class:`RecallAtKAccuracyCalculator` (so the
     bins' recall averages to its Recall@1); they still serve as neighbours. ``uncertainty`` may be given precomputed ((N,) tensor).
     Returns a list of dicts (one per non-empty bin).
 
@@ -63,11 +69,26 @@ def uncertainty_recall_table(
     if not bool(torch.isfinite(u).all()):
         raise ValueError("uncertainty contains NaN/Inf values")
     knn = knn_func if knn_func is not None else HyperbolicKNN(c=c)
-    _, nn = knn(x.float(), 1, x.float(), True)
     y = y.cpu()
-    hit = (y[nn[:, 0].cpu()] == y).double()
-    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    keep = counts[inverse] > 1
+    if (reference_embeddings is None) != (reference_labels is None):
+        raise ValueError("reference_embeddings and reference_labels go together: give both or neither")
+    if reference_embeddings is None:
+        _, nn = knn(x.float(), 1, x.float(), True)
+        hit = (y[nn[:, 0].cpu()] == y).double()
+        _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+        keep = counts[inverse] > 1
+    else:
+        ref = torch.as_tensor(reference_embeddings).detach()
+        ref_y = torch.as_tensor(reference_labels).detach().reshape(-1).cpu()
+        if ref.dim() != 2 or ref.shape[1] != x.shape[1] or ref.shape[0] < 1:
+            raise ValueError(f"reference_embeddings must be M x {x.shape[1]} with M >= 1, got shape {tuple(ref.shape)}")
+        if ref_y.shape[0] != ref.shape[0]:
+            raise ValueError("reference_labels must have one entry per reference embedding")
+        if not torch.isfinite(ref).all():
+            raise ValueError("reference_embeddings contains NaN/Inf values")
+        _, nn = knn(x.float(), 1, ref.float(), False)
+        hit = (ref_y[nn[:, 0].cpu()] == y).double()
+        keep = torch.isin(y, ref_y)
     if not bool(keep.any()):
         raise ValueError("every query is alone in its class: Recall@1 is undefined")
     hit, u = hit[keep], u[keep]
@@ -104,7 +125,7 @@ def uncertainty_recall_table(
 
 def plot_uncertainty_vs_recall(embeddings, labels, path, c: float = 0.1, n_bins: int = 10,
                                table: Optional[list] = None, figsize=(6.0, 4.0), dpi: int = 100,
-                               **kwargs):
+                               title: Optional[str] = None, **kwargs):
     """Bar chart of :func:`uncertainty_recall_table` (Recall@1 per uncertainty bin) written to
     ``path`` (PNG). Returns the table."""
     import matplotlib
@@ -122,7 +143,7 @@ def plot_uncertainty_vs_recall(embeddings, labels, path, c: float = 0.1, n_bins:
     ax.set_xlabel("uncertainty bin (0 = most certain)")
     ax.set_ylabel("Recall@1")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Recall@1 per uncertainty bin")
+    ax.set_title(title or "Recall@1 per uncertainty bin")
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

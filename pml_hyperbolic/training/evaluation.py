@@ -117,9 +117,15 @@ class Evaluator:
         return recall_from_accuracies({query_split: accuracies[query_split]}, self.k_values)
 
     def capture_hook(self, tester) -> None:
-        split = self.splits_to_eval[0][0]
+        split, refs = self.splits_to_eval[0][0], list(self.splits_to_eval[0][1])
         emb, labels = tester.embeddings_and_labels[split]
-        self._captured = (emb.detach().cpu(), labels[:, 0].detach().cpu())
+        captured = [emb.detach().cpu(), labels[:, 0].detach().cpu()]
+        # the reference splits too (query → gallery protocols), so the plots use the run's own retrieval
+        others = [r for r in refs if r != split and r in tester.embeddings_and_labels]
+        if others:
+            ref = [tester.embeddings_and_labels[r] for r in others]
+            captured += [torch.cat([e for e, _ in ref]).detach().cpu(), torch.cat([l[:, 0] for _, l in ref]).detach().cpu()]
+        self._captured = tuple(captured)
 
     def install(self):
         self.tester.end_of_testing_hook = self.capture_hook

@@ -306,7 +306,7 @@ class Recipe:
     def trainer_kwargs(self) -> Dict:
         return {}
 
-    def plots(self, embeddings, labels) -> Dict[str, str]:
+    def plots(self, embeddings, labels, reference_embeddings=None, reference_labels=None) -> Dict[str, str]:
         """Poincaré disk + uncertainty-vs-recall of the final test embeddings (helper-D's plots)."""
         if not self.hyperbolic or embeddings is None:
             return {}
@@ -322,12 +322,22 @@ class Recipe:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # said once, plainly, below
+            protocol = ("queries vs gallery, as the run's Recall@1" if reference_embeddings is not None
+                        else "self-retrieval among the test embeddings")
             table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.c,
+                                               reference_embeddings=reference_embeddings,
+                                               reference_labels=reference_labels,
+                                               title=f"Recall@1 per uncertainty bin ({protocol})",
+                                               n_bins=5,  # quintiles: ~±3 points of noise per bin at 1,000 queries
                                                **({"clip_r": clip} if clip is not None else {}))
         if len(table) == 1:
             self.say("[pml-hyperbolic] every test embedding sits at the clip radius, so the Hyp-UML uncertainty "
                      "is the same for all of them: the uncertainty-vs-recall plot has one bin (and an "
                      "uncertainty-adaptive loss acts as its fixed-temperature/margin form).")
+        else:
+            self.say("uncertainty bins (most certain → least; " + protocol + "): Recall@1 "
+                     + " ".join(f"{row['recall_at_1']:.2f}" for row in table)
+                     + f"  (n = {table[0]['count']} per bin)")
         out["uncertainty_vs_recall"] = unc
         self.uncertainty_table = table
         return out
