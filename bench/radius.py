@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
 
 HEADS = ("paper", "tanh", "polar", "sphere")
-LOSSES = ("pce", "uml", "supcon", "hier")
+LOSSES = ("pce", "uml", "hier", "supcon", "ms")
 
 
 # ------------------------------------------------------------------------------- degraded queries
@@ -72,17 +72,21 @@ def degrade(images: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
     raise ValueError(f"unknown degradation {kind!r}")
 
 
-def degraded_query_features(cfg, kinds=("blur", "noise", "occlude"), use_cache=True):
-    """Pooled backbone features of the test queries under each degradation: {kind: (N, 1280)}."""
+def degraded_features(cfg, split="query", indices=None, kinds=("blur", "noise", "occlude"), use_cache=True):
+    """Pooled backbone features of glyph images ``split`` (optionally only ``indices``) under each
+    degradation: {kind: (N, 1280)}."""
     from pml_hyperbolic.data import GlyphDataset, build_transforms
 
-    path = qc._cache_path(cfg, "glyphs", "degraded-queries|" + ",".join(kinds))
+    idx = None if indices is None else np.asarray(indices, np.int64)
+    tag = "all" if idx is None else f"{len(idx)}-{int(idx.sum())}-{int((idx * np.arange(len(idx))).sum())}"
+    path = qc._cache_path(cfg, "glyphs", f"degraded|{split}|{tag}|" + ",".join(kinds))
     if use_cache and os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=False)
     prefix, tail, _ = qc.split_backbone(cfg.backbone)
-    query = GlyphDataset("query")
+    data = GlyphDataset(split)
     clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
-    images = torch.stack([clean(query[i][0]) for i in range(len(query))])
+    order = range(len(data)) if idx is None else idx
+    images = torch.stack([clean(data[int(i)][0]) for i in order])
     out = {}
     with torch.no_grad():
         for j, kind in enumerate(kinds):
@@ -92,6 +96,17 @@ def degraded_query_features(cfg, kinds=("blur", "noise", "occlude"), use_cache=T
         os.makedirs(cfg.cache_dir, exist_ok=True)
         torch.save(out, path)
     return out
+
+
+def validation_indices(bank, num_val_classes=32, seed=0):
+    """Indices (into the training split) of the validation queries and gallery of
+    ``qc.carve_validation`` (same classes, same display-font rule)."""
+    labels = bank.train.labels.numpy()
+    classes = np.unique(labels)
+    val_classes = np.sort(np.random.default_rng(seed).choice(classes, size=num_val_classes, replace=False))
+    va_idx = np.flatnonzero(np.isin(labels, val_classes))
+    display = np.asarray(bank.train.font_families)[va_idx] == "display"
+    return va_idx[display], va_idx[~display]
 
 
 # ----------------------------------------------------------------------------------------- metrics
@@ -140,6 +155,9 @@ def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
 
 # ----------------------------------------------------------------------------------------- models
 
+HIER_SETTINGS = {"weight": 1.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1}
+
+
 def build(head_name, loss_name, feature_dim, embedding_dim=128):
     """(head, loss, c or None, max d₀, extra loss or None) for one cell."""
     from pytorch_metric_learning.distances import CosineSimilarity
@@ -154,11 +172,14 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
         head = SphericalEmbeddingHead(feature_dim, embedding_dim)
         if loss_name == "supcon":
             return head, SupConLoss(temperature=0.1), None, np.inf
-        if loss_name == "pce":
-            return head, PairwiseCrossEntropyLoss(temperature=0.1, distance=CosineSimilarity()), None, np.inf
+        if loss_name == "ms":
+            from pytorch_metric_learning.losses import MultiSimilarityLoss
+            from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+            return head, _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1)), None, np.inf
         raise ValueError(f"no spherical form of {loss_name!r}")
-    if loss_name == "supcon":
-        raise ValueError("supcon runs on the sphere head only")
+    if loss_name in ("supcon", "ms"):
+        raise ValueError(f"{loss_name} runs on the sphere head only")
     geometry = PoincareGeometry(c=0.1, clip="tanh" if head_name == "tanh" else "hard", clip_r=2.3)
     head = HyperbolicEmbeddingHead(feature_dim, embedding_dim, c=geometry,
                                    radius="learned" if head_name == "polar" else "norm")
@@ -172,10 +193,22 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
 
         if head_name == "tanh":
             raise ValueError("HIER rows: paper and polar heads only (CPU budget)")
-        # HIER's regulariser at a CPU budget: 128 proxies, 2,048 batch + 1,024 proxy triplets per step
-        loss = _Sum(loss, HIERLoss(embedding_size=embedding_dim, c=geometry, clip_r=2.3, num_proxies=128,
-                                   max_triplets=2048, max_proxy_triplets=1024))
+        # HIER's regulariser at a CPU budget (HIER_SETTINGS, --hier): fewer proxies and triplets than the paper
+        h = dict(HIER_SETTINGS)
+        weight = h.pop("weight")
+        loss = _Sum(loss, HIERLoss(embedding_size=embedding_dim, c=geometry, clip_r=2.3, **h), weight)
     return head, loss, geometry, geometry.max_dist0()
+
+
+class _Mined(torch.nn.Module):
+    """A PML loss with its miner (as ``bench/quality.py``'s MultiSimilarity row)."""
+
+    def __init__(self, loss, miner):
+        super().__init__()
+        self.loss, self.miner = loss, miner
+
+    def forward(self, emb, labels, indices_tuple=None):
+        return self.loss(emb, labels, self.miner(emb, labels))
 
 
 class _Sum(torch.nn.Module):
@@ -202,9 +235,13 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps):
     qc.train_with_labels(cfg, data["train"], torch.nn.Identity(), head, loss, seed=seed, steps=steps)
     res = {}
     vq, vg = data["val_q"], data["val_g"]
-    val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0)
+    val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0,
+                         data["val_q_parent"], data["val_g_parent"])
+    res["val_parent_r1"], res["val_spearman"] = val["parent_r1"], val["spearman"]
     res["val_r1"] = 1 - val["top1_wrong"].mean()
     res["val_auroc_fail"] = val.get("auroc_fail", np.nan)
+    if c is not None:
+        res["val_auroc_degraded"] = _degraded_auroc(head, val["d0"], data["val_degraded"], c)
     bank = data["bank"]
     q, g = embed(head, bank.query.acts), embed(head, bank.gallery.acts)
     test = radius_metrics(q, bank.query.labels, g, bank.gallery.labels, c, max_d0, data["q_parent"], data["g_parent"])
@@ -213,11 +250,7 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps):
     res["map_r"] = qc.retrieval_metrics(q, bank.query.labels, g, bank.gallery.labels, c=c,
                                         keys=("mean_average_precision_at_r",))["mean_average_precision_at_r"]
     if c is not None:
-        from pml_hyperbolic import poincare_ball as pb
-
-        d0_deg = np.concatenate([pb.dist0(embed(head, f).double(), c).numpy() for f in data["degraded"].values()])
-        is_deg = np.r_[np.zeros(len(test["d0"]), bool), np.ones(len(d0_deg), bool)]
-        res["auroc_degraded"] = auroc(is_deg, -np.r_[test["d0"], d0_deg])
+        res["auroc_degraded"] = _degraded_auroc(head, test["d0"], data["degraded"], c)
     if loss_name == "uml":
         from pml_hyperbolic.uncertainty import hyperbolic_uncertainty, uncertainty_ratio_log
 
@@ -228,17 +261,30 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps):
     return res
 
 
+def _degraded_auroc(head, d0_clean, degraded, c):
+    """AUROC of −d₀ for 'degraded' over the clean queries and their degraded copies."""
+    from pml_hyperbolic import poincare_ball as pb
+
+    d0_deg = np.concatenate([pb.dist0(embed(head, f).double(), c).numpy() for f in degraded.values()])
+    is_deg = np.r_[np.zeros(len(d0_clean), bool), np.ones(len(d0_deg), bool)]
+    return auroc(is_deg, -np.r_[d0_clean, d0_deg])
+
+
 def load_data(cfg, use_cache=True):
     from pml_hyperbolic.data import GlyphDataset
 
     bank = qc.pooled_bank(qc.build_bank(cfg, "glyphs", use_cache=use_cache), cfg, use_cache=use_cache)
     train, val_q, val_g = qc.carve_validation(bank, num_val_classes=32, seed=0)
+    val_q_idx, val_g_idx = validation_indices(bank)
+    parents = bank.train.super_labels
     q_parent = torch.as_tensor(GlyphDataset("query").super_labels)
     g_parent = torch.as_tensor(GlyphDataset("gallery").super_labels)
     if len(q_parent) != len(bank.query.labels) or len(g_parent) != len(bank.gallery.labels):
         raise RuntimeError("cached bank does not match the bundled glyph splits; rerun with --no-cache")
     return {"bank": bank, "train": train, "val_q": val_q, "val_g": val_g, "q_parent": q_parent,
-            "g_parent": g_parent, "degraded": degraded_query_features(cfg, use_cache=use_cache)}
+            "val_q_parent": parents[val_q_idx], "val_g_parent": parents[val_g_idx],
+            "g_parent": g_parent, "degraded": degraded_features(cfg, "query", use_cache=use_cache),
+            "val_degraded": degraded_features(cfg, "train", val_q_idx, use_cache=use_cache)}
 
 
 def fmt(values, pct=False, digits=3):
@@ -251,7 +297,9 @@ def fmt(values, pct=False, digits=3):
     return f"{scale * np.nanmean(v):.{1 if pct else digits}f} ± {scale * np.nanstd(v):.{1 if pct else digits}f}"
 
 
-COLUMNS = [("val R@1", "val_r1", True), ("val AUROC fail", "val_auroc_fail", False), ("R@1", "r1", True),
+COLUMNS = [("val R@1", "val_r1", True), ("val parent R@1", "val_parent_r1", True), ("val Spearman", "val_spearman", False),
+           ("val AUROC fail", "val_auroc_fail", False), ("val AUROC degraded", "val_auroc_degraded", False),
+           ("R@1", "r1", True),
            ("MAP@R", "map_r", True), ("parent R@1", "parent_r1", True), ("Spearman", "spearman", False),
            ("AUROC fail", "auroc_fail", False), ("AUROC degraded", "auroc_degraded", False),
            ("d₀ min / med / max", None, False), ("at clip", "at_clip", True)]
@@ -265,10 +313,17 @@ def main(argv=None):
     p.add_argument("--heads", default=",".join(HEADS))
     p.add_argument("--losses", default=",".join(LOSSES))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--hier", default="", help="HIER settings, e.g. 'weight=3,num_proxies=512' (default: "
+                   + ", ".join(f"{k}={v}" for k, v in HIER_SETTINGS.items()) + ")")
     p.add_argument("--no-cache", action="store_true")
     a = p.parse_args(argv)
     qc.set_threads(a.threads)
     seeds = [int(s) for s in a.seeds.split(",")]
+    for item in filter(None, a.hier.split(",")):
+        key, value = item.split("=")
+        if key not in HIER_SETTINGS:
+            p.error(f"--hier: unknown setting {key!r} (known: {', '.join(HIER_SETTINGS)})")
+        HIER_SETTINGS[key] = type(HIER_SETTINGS[key])(float(value))
     cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head")
     t0 = time.perf_counter()
     data = load_data(cfg, use_cache=not a.no_cache)
