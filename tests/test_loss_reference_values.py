@@ -101,3 +101,220 @@ def test_hierarchical_margin_reference(c, m, use_ref):
     loss = HierarchicalMarginLoss(num_classes=4, gamma=0.1, distance=PoincareDistance(c=c)).double()
     compare(loss, lambda: ref.hierarchical_margin(E, y.tolist(), R, ry.tolist(), c, 0.1, not use_ref),
             E, y, R, ry, use_ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hierarchical (N, K) labels: both losses against slow loops written here (float64), gradcheck,
+# bad arguments, and the pinned defaults.
+# ------------------------------------------------------------------------------------------------
+def loop_poincare(x, y, c):
+    num = 2 * c * ((x - y) ** 2).sum()
+    den = (1 - c * (x ** 2).sum()) * (1 - c * (y ** 2).sum())
+    return torch.acosh(1 + num / den) / math.sqrt(c)
+
+
+def loop_level(a, b):
+    """1 + first (finest-first) level where rows a and b agree, K + 1 if none."""
+    for k, (u, v) in enumerate(zip(a, b)):
+        if u == v:
+            return k + 1
+    return len(a) + 1
+
+
+def loop_log_ratio(E, L, R, RL, c, omega, eps, self_ref):
+    """Every triplet (i, j, l), s_ij < s_il, enumerated; mean over l per (i, j), then over (i, j)."""
+    per_pair = []
+    for i in range(len(E)):
+        for j in range(len(R)):
+            if self_ref and j == i:
+                continue
+            sij = loop_level(L[i], RL[j])
+            terms = []
+            for l in range(len(R)):
+                if self_ref and l == i:
+                    continue
+                sil = loop_level(L[i], RL[l])
+                if sil <= sij:
+                    continue
+                r = (torch.log(loop_poincare(E[i], R[j], c) + eps) - torch.log(loop_poincare(E[i], R[l], c) + eps)
+                     - (sij - sil) * math.log(omega))
+                terms.append(r ** 2)
+            if terms:
+                per_pair.append(sum(terms) / len(terms))
+    return sum(per_pair) / len(per_pair)
+
+
+def loop_margin(E, L, R, RL, c, gamma, delta, self_ref, pairs=None):
+    """Fresh HierarchicalMarginLoss on (N, K) labels: class (column 0) means of this batch (detached,
+    symmetrised, self-pairs excluded), M_p = d_a + γ, M_n = d_ab − d_a + γ + δ (s_il − 2); each
+    sub-loss the mean of its non-zero hinges. ``pairs``: (pos list, neg list), else all pairs."""
+    y, ry = [row[0] for row in L], [row[0] for row in RL]
+    sums, counts = {}, {}
+    for i in range(len(E)):
+        for j in range(len(R)):
+            if self_ref and i == j:
+                continue
+            d = loop_poincare(E[i], R[j], c).detach()
+            for key in ((y[i], ry[j]), (ry[j], y[i])):
+                sums[key] = sums.get(key, 0.0) + d / 2
+                counts[key] = counts.get(key, 0) + 0.5
+    mean = {k: sums[k] / counts[k] for k in sums}
+    if pairs is None:
+        all_pairs = [(i, j) for i in range(len(E)) for j in range(len(R)) if not (self_ref and i == j)]
+        pairs = ([p for p in all_pairs if y[p[0]] == ry[p[1]]], [p for p in all_pairs if y[p[0]] != ry[p[1]]])
+    pos = []
+    for i, j in pairs[0]:
+        da = mean.get((y[i], y[i]), 0.0)
+        pos.append(torch.relu(loop_poincare(E[i], R[j], c) - da - gamma))
+    neg = []
+    for i, l in pairs[1]:
+        da = mean.get((y[i], y[i]), 0.0)
+        s = loop_level(L[i], RL[l])
+        neg.append(torch.relu(mean[y[i], ry[l]] - da + gamma + delta * (s - 2) - loop_poincare(E[i], R[l], c)))
+
+    def avg_nonzero(ts):
+        nz = [t for t in ts if t > 0]
+        return sum(nz) / len(nz) if nz else sum(ts) * 0
+    return avg_nonzero(pos) + avg_nonzero(neg)
+
+
+def three_level_batch(c, use_ref, seed=0):
+    """12 samples, 6 classes of 2, K = 3: (class, class // 2, class // 3); ref with 3 extra rows."""
+    E = ball_points(12, 5, c, seed).requires_grad_()
+    y = torch.arange(6).repeat_interleave(2)
+    L = torch.stack([y, y // 2, y // 3], 1)
+    if not use_ref:
+        return E, L, E, L
+    R = ball_points(15, 5, c, seed + 100).requires_grad_()
+    ry = torch.cat([y, torch.tensor([0, 5, 7])])
+    RL = torch.stack([ry, ry // 2, ry // 3], 1)
+    RL[-1, 1] = 1  # class 7 shares level 2 with classes 2, 3
+    return E, L, R, RL
+
+
+def check_value_and_grad(got, want, inputs):
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-6), (float(got), float(want))
+    for a, b in zip(torch.autograd.grad(got, inputs, retain_graph=True), torch.autograd.grad(want, inputs)):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("c", [0.1, 1.0])
+@pytest.mark.parametrize("use_ref", [False, True])
+@pytest.mark.parametrize("omega,eps", [(10.0, 1e-6), (1.2, 1e-6), (3.0, 0.5)])  # paper, new default, other
+def test_log_ratio_nk_labels_vs_loop(c, use_ref, omega, eps):
+    E, L, R, RL = three_level_batch(c, use_ref)
+    loss = HierarchicalLogRatioLoss(omega=omega, eps=eps, distance=PoincareDistance(c=c))
+    got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
+    want = loop_log_ratio(E, L.tolist(), R, RL.tolist(), c, omega, eps, not use_ref)
+    check_value_and_grad(got, want, [E, R] if use_ref else [E])
+
+
+def test_log_ratio_nk_labels_gradcheck():
+    E, L, R, RL = three_level_batch(0.1, True, seed=3)
+    E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
+    loss = HierarchicalLogRatioLoss(distance=PoincareDistance(c=0.1))
+    assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
+    assert torch.autograd.gradcheck(lambda e: loss(e, L), (E,))
+
+
+@pytest.mark.parametrize("c", [0.1, 1.0])
+@pytest.mark.parametrize("use_ref", [False, True])
+@pytest.mark.parametrize("delta", [None, 0.0, 0.7])
+def test_margin_nk_labels_vs_loop(c, use_ref, delta):
+    E, L, R, RL = three_level_batch(c, use_ref, seed=1)
+    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=delta,
+                                  distance=PoincareDistance(c=c)).double()
+    got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
+    want = loop_margin(E, L.tolist(), R, RL.tolist(), c, 0.1, 0.1 if delta is None else delta, not use_ref)
+    check_value_and_grad(got, want, [E, R] if use_ref else [E])
+
+
+def test_margin_nk_labels_with_indices_tuple_vs_loop():
+    E, L, _, _ = three_level_batch(0.1, False, seed=2)
+    a = torch.tensor([0, 0, 2, 5, 7])
+    p = torch.tensor([1, 1, 3, 4, 6])
+    n = torch.tensor([2, 11, 9, 0, 10])
+    loss = HierarchicalMarginLoss(num_classes=6, gamma=0.1, level_gamma=0.5).double()
+    got = loss(E, L, (a, p, n))
+    # PML turns a triplet tuple into its unique (anchor, positive) and (anchor, negative) pairs
+    pos = sorted(set(zip(a.tolist(), p.tolist())))
+    neg = sorted(set(zip(a.tolist(), n.tolist())))
+    want = loop_margin(E, L.tolist(), E, L.tolist(), 0.1, 0.1, 0.5, True, pairs=(pos, neg))
+    check_value_and_grad(got, want, [E])
+
+
+def test_margin_nk_labels_gradcheck():
+    # the class means are detached by design (margins are constants for the gradient), so the
+    # finite differences must not move them: estimate once in training mode, then freeze (eval)
+    E, L, R, RL = three_level_batch(0.1, True, seed=4)
+    E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
+    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=0.5).double()
+    loss(E, L, ref_emb=R, ref_labels=RL)
+    loss.eval()
+    assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
+    assert torch.autograd.gradcheck(lambda e: loss(e, L), (E,))
+
+
+def test_margin_single_level_matrix_equals_flat_labels():
+    E, L, R, RL = three_level_batch(0.1, True, seed=5)
+    kw = dict(num_classes=8, gamma=0.1, level_gamma=0.9)
+    flat = HierarchicalMarginLoss(**kw).double()(E, L[:, 0], ref_emb=R, ref_labels=RL[:, 0])
+    as_nk = HierarchicalMarginLoss(**kw).double()(E, L[:, :1], ref_emb=R, ref_labels=RL[:, :1])
+    no_growth = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=0.0).double()(
+        E, L, ref_emb=R, ref_labels=RL)
+    assert torch.allclose(flat, as_nk, atol=1e-12) and torch.allclose(flat, no_growth, atol=1e-12)
+    grown = HierarchicalMarginLoss(**kw).double()(E, L, ref_emb=R, ref_labels=RL)
+    assert float(grown.detach()) > float(flat.detach())  # the coarser-level negatives get larger margins
+
+
+def test_margin_nk_labels_running_estimates_use_class_column():
+    """The EMA buffers see column 0 only: (N, K) and 1-D training leave the same buffers."""
+    E, L, _, _ = three_level_batch(0.1, False, seed=6)
+    a, b = HierarchicalMarginLoss(num_classes=6).double(), HierarchicalMarginLoss(num_classes=6).double()
+    for step in range(2):
+        a(E + 0.01 * step, L)
+        b(E + 0.01 * step, L[:, 0])
+    assert torch.equal(a.intra_mean, b.intra_mean) and torch.equal(a.inter_mean, b.inter_mean)
+
+
+def test_hierarchical_losses_bad_arguments():
+    E = ball_points(6, 4, 0.1, 0)
+    L = torch.stack([torch.arange(6) // 2, torch.arange(6) // 4], 1)
+    log_ratio = HierarchicalLogRatioLoss()
+    margin = HierarchicalMarginLoss(num_classes=3)
+    for loss in (log_ratio, margin):
+        with pytest.raises(ValueError, match="labels"):
+            loss(E, L[:5])  # wrong number of rows
+        with pytest.raises(ValueError, match="labels"):
+            loss(E, L.view(6, 2, 1))  # 3-D
+        with pytest.raises(ValueError, match="labels"):
+            loss(E, L[:, :0])  # K = 0
+        with pytest.raises(ValueError, match="ref_labels"):
+            loss(E, L, ref_emb=E, ref_labels=L[:4])
+        with pytest.raises(ValueError, match="ref_labels"):
+            loss(E, L, ref_emb=E, ref_labels=torch.cat([L, L[:, :1]], 1))  # different K
+    with pytest.raises(ValueError, match="labels"):
+        margin(E, L.double())  # float labels
+    with pytest.raises(ValueError, match="labels"):
+        margin(E, L + 3)  # class column outside [0, num_classes)
+    for omega in (1.0, 0.5, 0.0, -2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="omega"):
+            HierarchicalLogRatioLoss(omega=omega)
+    for eps in (0.0, -1e-6, float("nan")):
+        with pytest.raises(ValueError, match="eps"):
+            HierarchicalLogRatioLoss(eps=eps)
+    for bad in (-0.1, float("nan"), "x"):
+        with pytest.raises(ValueError, match="level_gamma"):
+            HierarchicalMarginLoss(num_classes=3, level_gamma=bad)
+
+
+def test_hierarchical_losses_defaults_pinned():
+    """The defaults chosen on the validation split (see the docstrings / bench/log_ratio_omega.py);
+    the paper's Ω = 10 stays available explicitly."""
+    loss = HierarchicalLogRatioLoss()
+    assert loss.omega == 1.2 and loss.eps == 1e-6
+    assert isinstance(loss.distance, PoincareDistance)
+    assert HierarchicalLogRatioLoss(omega=10.0).omega == 10.0
+    margin = HierarchicalMarginLoss(num_classes=3)
+    assert margin.gamma == 0.1 and margin.level_gamma == 0.1 and margin.momentum == 0.9
+    assert HierarchicalMarginLoss(num_classes=3, gamma=0.3).level_gamma == 0.3
