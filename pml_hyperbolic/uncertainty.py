@@ -52,16 +52,19 @@ def _check_mode(mode):
     return mode
 
 
-def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=2.3, detach=True) -> torch.Tensor:
+def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=None, detach=True) -> torch.Tensor:
     r"""Per-embedding uncertainty (N,) from the distance to the origin of the ball of curvature −c.
 
     Args:
         embeddings: (N, D) points of the Poincaré ball (as returned by ``ToPoincare``; points on or
             outside the boundary are projected inside first).
-        c: curvature magnitude (> 0), float / 0-d tensor / hypll curvature.
+        c: curvature magnitude (> 0), float / 0-d tensor / hypll curvature, or a
+            :class:`~pml_hyperbolic.geometry.PoincareGeometry` (whose clip radius is then the default
+            ``clip_r``).
         mode: ``None`` (= ``"clip"``, the sound default), ``"clip"``, ``"ball"``, ``"batch"`` or
             ``"literal"`` (the paper's formula), see the module docstring.
-        clip_r: the head's clip radius r (> 0), used by ``"clip"`` mode only; Hyp-ViT's 2.3.
+        clip_r: the head's clip radius r (> 0), used by ``"clip"`` mode only; ``None``: the
+            geometry's clip radius when ``c`` is a ``PoincareGeometry`` that clips, else Hyp-ViT's 2.3.
         detach: return a tensor without gradient (default; Hyp-UML does not say whether U is
             detached, a detached U keeps the uncertainty a weighting, not an objective).
 
@@ -71,7 +74,10 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=2.
     mode = _check_mode(mode)
     if embeddings.ndim != 2:
         raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}")
-    if mode == "clip" and (clip_r is None or not float(clip_r) > 0):
+    if clip_r is None:
+        clip_r = getattr(c, "clip_r", None) if getattr(c, "_is_pml_geometry", False) else None
+        clip_r = 2.3 if clip_r is None else clip_r
+    if mode == "clip" and not float(clip_r) > 0:
         raise ValueError(f"clip_r must be > 0 for mode='clip', got {clip_r!r}")
     x = embeddings.detach() if detach else embeddings
     c_t = pb.as_curvature(c, pb.compute_dtype(x.dtype), x.device)

@@ -189,3 +189,11 @@ def test_polar_head_bad_arguments():
         HyperbolicEmbeddingHead(8, 4, radial_hidden=0)
     with pytest.raises(ValueError, match="features"):
         HyperbolicEmbeddingHead(8, 4)(torch.full((2, 8), float("nan")))
+
+
+def test_uncertainty_reads_the_clip_radius_of_the_geometry():
+    g = PoincareGeometry(c=0.1, clip_r=1.5)
+    v = torch.tensor([[0.75, 0.0], [3.0, 0.0]], dtype=torch.float64)  # half the clip radius, beyond it
+    u = hyperbolic_uncertainty(g.to_ball(v), c=g)
+    assert torch.allclose(u, torch.tensor([0.5, 0.0], dtype=torch.float64), atol=1e-9)
+    assert torch.allclose(hyperbolic_uncertainty(g.to_ball(v), c=0.1, clip_r=1.5), u)
