@@ -135,3 +135,22 @@ def test_disk_plot_pixels_show_the_disk_the_groups_and_the_shading(tmp_path):
     rgb = image[:, :, :3]
     greenish_pale = (rgb[:, :, 1] > rgb[:, :, 0] + 0.03) & (rgb[:, :, 1] > rgb[:, :, 2] + 0.03) & (rgb.min(axis=2) > 0.3)
     assert greenish_pale.sum() > 50
+
+
+def test_disk_plot_radius_histogram_panel(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from pml_hyperbolic.evaluation import plot_poincare_disk
+    from pml_hyperbolic.heads import ToPoincare
+
+    g = torch.Generator().manual_seed(0)
+    emb = ToPoincare(c=0.1, clip_r=2.3)(torch.randn(50, 8, generator=g) * 0.3)
+    plain, with_hist = tmp_path / "plain.png", tmp_path / "hist.png"
+    plot_poincare_disk(emb, torch.arange(50) % 5, str(plain), c=0.1)
+    plot_poincare_disk(emb, torch.arange(50) % 5, str(with_hist), c=0.1, radius_histogram=True)
+    w0, h0 = Image.open(plain).size
+    w1, h1 = Image.open(with_hist).size
+    assert w1 == w0 and h1 > h0  # the histogram panel is added below the disk
+    bottom = np.asarray(Image.open(with_hist).convert("L"))[int(h1 * 0.8):]
+    assert (bottom < 200).mean() > 0.01  # the panel holds drawn bars and axes, not blank space

@@ -63,6 +63,7 @@ def plot_poincare_disk(
     dpi: int = 100,
     point_size: float = 8.0,
     title: Optional[str] = None,
+    radius_histogram: bool = False,
 ):
     """Scatter plot of ball embeddings in the unit Poincaré disk, saved as a PNG at ``path``.
 
@@ -75,6 +76,8 @@ def plot_poincare_disk(
         color_by: ``"label"`` (finest labels) or ``"hierarchy"`` (column ``hierarchy_level`` of
             N × K labels, default the coarsest).
         uncertainty: optional (N,) scores; shading = transparency (more uncertain = fainter).
+        radius_histogram: add a panel below the disk with the histogram of the exact distances to
+            the origin d₀ (a spread of a few tenths is invisible in the disk itself).
     Returns:
         the (N × 2) disk coordinates (unit disk) as a numpy array.
     """
@@ -112,7 +115,17 @@ def plot_poincare_disk(
         span = u.max() - u.min()
         un = (u - u.min()) / span if span > 0 else np.zeros_like(u)
         colours[:, 3] = 1.0 - 0.85 * un  # more uncertain -> fainter
-    fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+    if radius_histogram:
+        fig = plt.figure(figsize=(figsize[0], figsize[1] * 1.3), dpi=dpi)
+        grid = fig.add_gridspec(2, 1, height_ratios=(4, 1.2), hspace=0.25)
+        ax, hist_ax = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
+        d0 = pb.dist0(x.double().cpu(), c_val).numpy()
+        hist_ax.hist(d0, bins=40, color="tab:gray")
+        hist_ax.set_xlabel("distance to the origin d₀ (larger = more certain)")
+        hist_ax.set_ylabel("count")
+        hist_ax.set_title(f"d₀: min {d0.min():.2f}, median {np.median(d0):.2f}, max {d0.max():.2f}", fontsize=9)
+    else:
+        fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
     ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, color="black", linewidth=1.0))
     ax.scatter(p2[:, 0], p2[:, 1], s=point_size, c=colours, linewidths=0)
     ax.set_xlim(-1.05, 1.05)

@@ -314,7 +314,7 @@ class Recipe:
 
         out = {}
         disk = os.path.join(self.run_dir, "poincare_disk.png")
-        plot_poincare_disk(embeddings, labels, disk, c=self.c)
+        plot_poincare_disk(embeddings, labels, disk, c=self.c, radius_histogram=True)
         out["poincare_disk"] = disk
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
         clip = getattr(self.args, "clip_r", None)
