@@ -155,7 +155,7 @@ def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
 
 # ----------------------------------------------------------------------------------------- models
 
-HIER_SETTINGS = {"weight": 1.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1}
+HIER_SETTINGS = {"weight": 3.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1}
 
 
 def build(head_name, loss_name, feature_dim, embedding_dim=128):

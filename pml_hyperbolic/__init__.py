@@ -5,11 +5,14 @@ Evaluation (faiss, matplotlib), data (torchvision, PIL) and the training machine
 subpackages: ``pml_hyperbolic.evaluation``, ``pml_hyperbolic.data``, ``pml_hyperbolic.training``.
 """
 from . import poincare_ball
+from .geometry import PoincareGeometry
 from .distances import MixedGeometryDistance, PoincareDistance
+from .manifold_tensors import accept_manifold_tensors, to_manifold_tensor, unwrap_ball_tensor
 from .heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead, ToPoincare
 from .losses import (
     HierarchicalLogRatioLoss,
     HierarchicalMarginLoss,
+    HIERLoss,
     HyperbolicCrossBatchMemory,
     HypMixLoss,
     PairwiseCrossEntropyLoss,
@@ -28,6 +31,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "poincare_ball",
+    "PoincareGeometry",
+    "HIERLoss",
     "PoincareDistance",
     "MixedGeometryDistance",
     "ToPoincare",
@@ -45,4 +50,7 @@ __all__ = [
     "HierarchicalPseudoLabeler",
     "HierarchicalSimilarityMiner",
     "hyperbolic_uncertainty",
+    "unwrap_ball_tensor",
+    "to_manifold_tensor",
+    "accept_manifold_tensors",
 ]

@@ -19,8 +19,8 @@ def test_defaults():
     dist = PoincareDistance()
     assert dist.is_inverted is False
     assert dist.normalize_embeddings is False
-    assert float(dist.c) == 1.0
-    assert "c=1" in repr(dist)
+    assert float(dist.c) == pytest.approx(0.1)  # one default curvature across the package
+    assert "c=0.1" in repr(dist)
 
 
 def test_smoke_and_shapes():
@@ -85,7 +85,7 @@ def test_points_outside_the_ball_are_projected():
 
 def test_without_projection_points_are_used_as_given():
     x = ball_points(5, 3, 1.0, 4)
-    torch.testing.assert_close(PoincareDistance(project=False)(x), pb.pairwise_dist(x, x, 1.0))
+    torch.testing.assert_close(PoincareDistance(c=1.0, project=False)(x), pb.pairwise_dist(x, x, 1.0))
 
 
 def test_learnable_curvature_parameter():
@@ -110,7 +110,7 @@ def test_hypll_curvature_is_registered_and_softplus():
 def test_autocast_input_gives_float32():
     x = ball_points(6, 4, 1.0, 6).to(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        d = PoincareDistance()(x)
+        d = PoincareDistance(c=1.0)(x)
     assert d.dtype == torch.float32 and torch.isfinite(d).all()
 
 

@@ -5,6 +5,8 @@ import torch
 from pytorch_metric_learning.distances import BaseDistance
 
 from .. import poincare_ball as pb
+from ..geometry import DEFAULT_CURVATURE
+from ..manifold_tensors import unwrap_ball_tensor
 
 
 class PoincareDistance(BaseDistance):
@@ -15,9 +17,11 @@ class PoincareDistance(BaseDistance):
     (computed in the equivalent arsinh form of :func:`pml_hyperbolic.poincare_ball.dist`).
 
     Args:
-        c: curvature magnitude (> 0): a float, a 0-d tensor (e.g. an ``nn.Parameter``; gradients
-            reach it), or a hypll ``Curvature``/``PoincareBall``. hypll's ``Curvature(1.0)`` is
-            c = softplus(1) ≈ 1.313, not 1: see :mod:`pml_hyperbolic.poincare_ball`.
+        c: curvature magnitude (> 0; default 0.1, the package's one default, as the heads, losses and
+            miners): a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference with
+            the head), a float, a 0-d tensor (e.g. an ``nn.Parameter``; gradients reach it), or a
+            hypll ``Curvature``/``PoincareBall``. hypll's ``Curvature(1.0)`` is c = softplus(1) ≈
+            1.313, not 1: see :mod:`pml_hyperbolic.poincare_ball`.
         normalize_embeddings: **False** by default, unlike PML's ``BaseDistance``. L2-normalising
             puts every point at Euclidean norm 1, i.e. on (c = 1) or outside (c > 1) the ball's
             boundary, where all distances are infinite or meaningless. Leave it off for ball points.
@@ -28,9 +32,13 @@ class PoincareDistance(BaseDistance):
 
     ``is_inverted`` is False: smaller means more similar, like ``LpDistance``. Under autocast the
     distance is computed and returned in float32.
+
+    hypll: ``forward``, ``compute_mat`` and ``pairwise_distance`` also take a hypll ``ManifoldTensor``
+    on a Poincaré ball (points along the last dimension); its curvature must equal this distance's
+    ``c`` (see :func:`pml_hyperbolic.manifold_tensors.unwrap_ball_tensor`).
     """
 
-    def __init__(self, c=1.0, normalize_embeddings=False, project=True, check_finite=True, **kwargs):
+    def __init__(self, c=DEFAULT_CURVATURE, normalize_embeddings=False, project=True, check_finite=True, **kwargs):
         if kwargs.pop("is_inverted", False):
             raise ValueError("is_inverted must be False: a Poincaré distance grows with dissimilarity")
         super().__init__(normalize_embeddings=normalize_embeddings, is_inverted=False, **kwargs)
@@ -48,6 +56,12 @@ class PoincareDistance(BaseDistance):
         """The current curvature magnitude as a 0-d tensor (evaluates hypll's constraint)."""
         return pb.as_curvature(self._c)
 
+    def _unwrap(self, emb):
+        return unwrap_ball_tensor(emb, self._c, "PoincareDistance")
+
+    def forward(self, query_emb, ref_emb=None):
+        return super().forward(self._unwrap(query_emb), self._unwrap(ref_emb))
+
     def _prepare(self, emb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         if self.check_finite:
             pb.check_finite(emb, "embeddings")
@@ -57,12 +71,14 @@ class PoincareDistance(BaseDistance):
         return pb.as_curvature(self._c, pb.compute_dtype(emb.dtype), emb.device)
 
     def compute_mat(self, query_emb, ref_emb):
+        query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
         c = self._curvature_for(query_emb)
         query = self._prepare(query_emb, c)
         ref = query if ref_emb is query_emb else self._prepare(ref_emb, c)
         return pb.pairwise_dist(query, ref, c)
 
     def pairwise_distance(self, query_emb, ref_emb):
+        query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
         c = self._curvature_for(query_emb)
         return pb.dist(self._prepare(query_emb, c), self._prepare(ref_emb, c), c)
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE
+from ..manifold_tensors import to_manifold_tensor
 from .to_poincare import _UNSET, ToPoincare
 
 
@@ -20,11 +21,11 @@ RADIUS_MODES = ("learned", "norm")
 
 
 class RadialConfidence(nn.Module):
-    r"""The learned tangent norm of the polar head: :math:`ho(f) = ho_{max}\,\sigma(g(\hat f))`.
+    r"""The learned tangent norm of the polar head: :math:`\rho(f) = \rho_{max}\,\sigma(g(\hat f))`.
 
     :math:`\hat f = \sqrt{D_{in}}\,f/\|f\|` (scale-free input, unit mean square), g a two-layer MLP
     (``in → hidden → 1``, ReLU) whose last layer starts at zero weight and bias ``init_logit``, so
-    every sample starts at the same radius :math:`ho_{max}\sigma(	ext{init\_logit})`.
+    every sample starts at the same radius :math:`\rho_{max}\sigma(\text{init\_logit})`.
     """
 
     def __init__(self, in_features: int, hidden: int = 64, init_logit: float = 0.0):
@@ -46,9 +47,9 @@ class HyperbolicEmbeddingHead(nn.Module):
     ``radius="learned"`` (**default**, the *polar head*): the direction comes from the Hyp-ViT
     ``Linear`` (orthogonal init, zero bias), the tangent norm from :class:`RadialConfidence`:
 
-    .. math:: v = ho(f)\,rac{Wf + b}{\|Wf + b\|},\qquad x = \operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))
+    .. math:: v = \rho(f)\,\frac{Wf + b}{\|Wf + b\|},\qquad x = \operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))
 
-    with :math:`ho \le r` (the geometry's clip radius), so d₀(x) = 2ρ(f) spreads with the loss's
+    with :math:`\rho \le r` (the geometry's clip radius), so d₀(x) = 2ρ(f) spreads with the loss's
     radial pull (confident samples outward, ambiguous ones inward) instead of sitting at the clip.
     Why: the Hyp-ViT head maps pretrained features to tangent norms of 20–100 against r = 2.3, so
     clipping puts every embedding on one sphere and d₀ is constant (measured:
@@ -59,12 +60,13 @@ class HyperbolicEmbeddingHead(nn.Module):
 
     Pass a :class:`~pml_hyperbolic.geometry.PoincareGeometry` as ``c`` to share the curvature and
     the clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
-    object in use either way. Returns a plain tensor of ball points.
+    object in use either way. Returns a plain tensor of ball points, or a hypll ``ManifoldTensor`` on
+    ``head.geometry`` with ``return_manifold_tensor=True`` (for hypll layers downstream).
     """
 
     def __init__(self, in_features: int, out_features: int = 128, c=DEFAULT_CURVATURE, clip_r=_UNSET,
                  learnable_c=_UNSET, clip=_UNSET, radius: str = "learned", radial_hidden: int = 64,
-                 radial_init_logit: float = 0.0):
+                 radial_init_logit: float = 0.0, return_manifold_tensor: bool = False):
         super().__init__()
         if radius not in RADIUS_MODES:
             raise ValueError(f"radius must be one of {RADIUS_MODES}, got {radius!r}")
@@ -72,6 +74,7 @@ class HyperbolicEmbeddingHead(nn.Module):
         self.to_poincare = ToPoincare(c=c, clip_r=clip_r, learnable_c=learnable_c, clip=clip)
         self.radius = radius
         self.radial = RadialConfidence(in_features, radial_hidden, radial_init_logit) if radius == "learned" else None
+        self.return_manifold_tensor = bool(return_manifold_tensor)
 
     @property
     def geometry(self):
@@ -88,7 +91,8 @@ class HyperbolicEmbeddingHead(nn.Module):
             v = v.to(x.dtype)
             max_norm = self.geometry.clip_r if self.geometry.clip_r is not None else DEFAULT_CLIP_R
             v = nn.functional.normalize(v, dim=-1) * self.radial(x, max_norm)
-        return self.to_poincare(v)
+        out = self.to_poincare(v)
+        return to_manifold_tensor(out, self.geometry) if self.return_manifold_tensor else out
 
     def extra_repr(self) -> str:
         return f"radius={self.radius!r}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
+from ..manifold_tensors import AcceptsManifoldTensors
 
 _OUR_LOSSES = [
     "PairwiseCrossEntropyLoss",
@@ -13,7 +14,7 @@ _OUR_LOSSES = [
 ]
 
 
-class HyperbolicCrossBatchMemory(_PMLCrossBatchMemory):
+class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
     """PML ``CrossBatchMemory`` (XBM) whose whitelist also holds this package's losses.
 
     PML 2.x refuses any loss whose class name is not in a hard-coded list; this subclass only

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import poincare_ball as pb
+from ..manifold_tensors import AcceptsManifoldTensors
 from ..miners._mining_utils import self_match_mask
 from ._common import check_labels, check_nonnegative, check_positive
 
@@ -74,7 +75,7 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     return aa, p[pair_id], neg_cols[row_start[aa] + rank]
 
 
-class HIERLoss(BaseMetricLossFunction):
+class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""HIER: learnable hierarchical proxies in the Poincaré ball as a regulariser.
 
     Kim, Jeong, Kwak, "HIER: Metric Learning Beyond Class Labels via Hierarchical

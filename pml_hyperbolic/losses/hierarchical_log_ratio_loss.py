@@ -10,6 +10,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_positive, sub_loss_reducer_type
 
 
@@ -34,7 +35,7 @@ def _per_level_tables(y: torch.Tensor, bins: torch.Tensor, K: int):
     return count, sum1, sum2
 
 
-class HierarchicalLogRatioLoss(BaseMetricLossFunction):
+class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Log-ratio loss driven by hierarchical similarity levels.
 
     For a triplet (i, j, l):

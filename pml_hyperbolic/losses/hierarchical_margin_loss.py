@@ -6,12 +6,13 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
 from ..miners._mining_utils import self_match_mask
 from ..miners.hierarchy import pairwise_first_shared_level
 
 
-class HierarchicalMarginLoss(BaseMetricLossFunction):
+class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Contrastive loss with per-class-pair margins from running class-mean distances.
 
     With :math:`d_{ab}` the mean distance between samples of classes a and b (Eq. (6)) and

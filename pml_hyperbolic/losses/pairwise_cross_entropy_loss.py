@@ -6,10 +6,11 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import check_positive, pair_masks, similarity_logits
 
 
-class PairwiseCrossEntropyLoss(BaseMetricLossFunction):
+class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Pairwise cross-entropy over every positive pair, O(B²) memory.
 
     For each positive pair (i, j) (both orders):

@@ -6,11 +6,12 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import check_positive, pair_masks, similarity_logits
 from ._uncertainty_mixin import UncertaintyFactorMixin
 
 
-class UncertaintyAdaptiveContrastiveLoss(UncertaintyFactorMixin, BaseMetricLossFunction):
+class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFactorMixin, BaseMetricLossFunction):
     r"""Pairwise cross-entropy whose temperature is set per anchor by its hyperbolic uncertainty.
 
     .. math::

@@ -9,11 +9,12 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
 from ._uncertainty_mixin import UncertaintyFactorMixin
 
 
-class UncertaintyAdaptiveTripletLoss(UncertaintyFactorMixin, BaseMetricLossFunction):
+class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMixin, BaseMetricLossFunction):
     r"""Triplet loss with a per-anchor margin from the anchor's hyperbolic uncertainty.
 
     .. math::

@@ -5,6 +5,7 @@ import torch
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._mining_utils import (
     check_positive_number,
     check_threshold,
@@ -14,7 +15,7 @@ from ._mining_utils import (
 )
 
 
-class HardNegativeProbabilityMiner(BaseMiner):
+class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
     r"""Mine the triplets (a, p, n) that carry the most gradient in a pairwise cross-entropy.
 
     HypMix (Yue et al., "Understanding Hyperbolic Metric Learning through Hard Negative

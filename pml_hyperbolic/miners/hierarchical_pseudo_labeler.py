@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from .. import poincare_ball as pb
+from ..manifold_tensors import unwrap_ball_tensor
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
 
 PAPER_LEVELS = (100, 70, 40, 10)
@@ -147,8 +148,9 @@ class HierarchicalPseudoLabeler:
 
     # ------------------------------------------------------------------------------------------
     def fit_predict(self, embeddings) -> torch.Tensor:
-        """Cluster ``embeddings`` (N × D points of the ball; projected first) → N × K int64."""
-        emb = torch.as_tensor(embeddings)
+        """Cluster ``embeddings`` (N × D points of the ball, or a hypll ``ManifoldTensor`` of them on
+        a ball of curvature ``c``; projected first) → N × K int64."""
+        emb = torch.as_tensor(unwrap_ball_tensor(embeddings, self.c, "HierarchicalPseudoLabeler"))
         if emb.ndim != 2 or emb.shape[0] < 2:
             raise ValueError(f"embeddings must have shape (N, D) with N >= 2, got {tuple(emb.shape)}")
         if not emb.is_floating_point():

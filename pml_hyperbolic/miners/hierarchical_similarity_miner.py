@@ -8,12 +8,13 @@ from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._mining_utils import self_match_mask
 from .hierarchical_pseudo_labeler import HierarchicalPseudoLabeler
 from .hierarchy import as_hierarchical_labels, pairwise_first_shared_level
 
 
-class HierarchicalSimilarityMiner(BaseMiner):
+class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
     r"""Mine triplets (i, j, l) whose hierarchical similarity levels satisfy :math:`s_{ij} < s_{il}`.
 
     Yan et al., "Unsupervised Hyperbolic Metric Learning" (CVPR 2021), Eq. 4–5: the log-ratio

@@ -8,6 +8,7 @@ from pytorch_metric_learning.distances import CosineSimilarity
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
+from ..manifold_tensors import AcceptsManifoldTensors
 from ._mining_utils import join_pairs_to_triplets
 from .hard_negative_probability_miner import HardNegativeProbabilityMiner
 
@@ -23,7 +24,7 @@ def _per_distance(value, n: int, name: str):
     return [value] * n
 
 
-class MixedGeometryMiner(BaseMiner):
+class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
     r"""The union of the triplets that :class:`HardNegativeProbabilityMiner` selects under two or
     more distances, without duplicates: HypMix's "fusion pool" (Yue et al., Sec. 3.3).
 
