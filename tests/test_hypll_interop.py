@@ -278,3 +278,13 @@ def test_readme_example_trains_a_hypll_network(capsys):
     for p in (layer.z, layer.bias):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     assert "triplet loss" in capsys.readouterr().out
+
+
+def test_readme_hypll_example_is_the_tested_code():
+    import os
+
+    readme = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+    with open(readme, encoding="utf-8") as fh:
+        text = fh.read()
+    block = text.split("## hypll networks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert block.strip() == README_EXAMPLE.strip()
