@@ -160,7 +160,6 @@ HIER_SETTINGS = {"weight": 3.0, "num_proxies": 128, "max_triplets": 2048, "max_p
 
 def build(head_name, loss_name, feature_dim, embedding_dim=128):
     """(head, loss, c or None, max d₀, extra loss or None) for one cell."""
-    from pytorch_metric_learning.distances import CosineSimilarity
     from pytorch_metric_learning.losses import SupConLoss
 
     from pml_hyperbolic.distances import PoincareDistance

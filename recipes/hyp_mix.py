@@ -57,7 +57,7 @@ class HypMix(Recipe):
         from pml_hyperbolic.losses import HypMixLoss
 
         a = self.args
-        return HypMixLoss(c=self.c, lam=a.lam, tau_e=a.tau_e, tau_h=a.tau_h,
+        return HypMixLoss(c=self.geometry, lam=a.lam, tau_e=a.tau_e, tau_h=a.tau_h,
                           learnable_lambda=a.learnable_lambda, clip_r=a.clip_r)
 
 

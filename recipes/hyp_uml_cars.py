@@ -58,16 +58,16 @@ class HypUML(Recipe):
         from pml_hyperbolic.distances import PoincareDistance
 
         a = self.args
-        distance = PoincareDistance(c=self.c)
+        distance = PoincareDistance(c=self.geometry)
         if a.loss == "triplet":
             from pml_hyperbolic.losses import UncertaintyAdaptiveTripletLoss
 
-            return UncertaintyAdaptiveTripletLoss(margin_scale=a.margin_scale, mode=a.uncertainty_mode, c=self.c,
+            return UncertaintyAdaptiveTripletLoss(margin_scale=a.margin_scale, mode=a.uncertainty_mode, c=self.geometry,
                                                   clip_r=a.clip_r, distance=distance)
         from pml_hyperbolic.losses import UncertaintyAdaptiveContrastiveLoss
 
         return UncertaintyAdaptiveContrastiveLoss(scale=a.uncertainty_scale, min_temperature=a.min_temperature,
-                                                  mode=a.uncertainty_mode, c=self.c, clip_r=a.clip_r,
+                                                  mode=a.uncertainty_mode, c=self.geometry, clip_r=a.clip_r,
                                                   distance=distance)
 
 

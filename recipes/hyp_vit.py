@@ -80,7 +80,7 @@ class HypViT(Recipe):
             from pml_hyperbolic.distances import PoincareDistance
 
             tau = self.args.temperature or 0.2
-            return PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.c),
+            return PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.geometry),
                                             view_pairs=self.args.view_pairs)
         from pytorch_metric_learning.distances import CosineSimilarity
 

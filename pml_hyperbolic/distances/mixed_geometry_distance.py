@@ -135,7 +135,9 @@ class MixedGeometryDistance(BaseDistance):
             raise ValueError("c must hold at least one curvature")
         for ck in cs:
             pb.as_curvature(ck)  # ValueError naming c
-        self.curvatures = [float(ck) for ck in cs]
+        # kept as given (a PoincareGeometry by reference) and read at use; the closed-form fast path
+        # needs Python floats, so a tensor curvature gets no gradient here
+        self._curvature_sources = cs
         lams = list(lam) if isinstance(lam, (list, tuple)) else [lam] * len(cs)
         if len(lams) != len(cs):
             raise ValueError(f"lam must be a float or have one entry per curvature ({len(cs)}), got {len(lams)}")
@@ -161,6 +163,11 @@ class MixedGeometryDistance(BaseDistance):
     def lam(self) -> torch.Tensor:
         """Current λ per curvature (1-D tensor; differentiable when learnable)."""
         return self.log_lam.exp() if self.log_lam is not None else self.fixed_lam
+
+    @property
+    def curvatures(self):
+        """The current curvature magnitudes (floats)."""
+        return [float(pb.as_curvature(ck, torch.float64).detach()) for ck in self._curvature_sources]
 
     def _views(self, emb):
         emb = emb.float() if emb.dtype in (torch.float16, torch.bfloat16) else emb

@@ -1,7 +1,6 @@
 """HIER: hierarchical-proxy regulariser (Kim, Jeong, Kwak, CVPR 2023)."""
 from __future__ import annotations
 
-import math
 
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction

@@ -1,13 +1,13 @@
 """Hyp-UML uncertainty-adaptive triplet loss (Yan, Liu, Xu), Eq. (7)."""
 from __future__ import annotations
 
-import math
 
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import AvgNonZeroReducer, MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
+from .. import poincare_ball as pb
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
@@ -62,9 +62,8 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
         f = self.uncertainty_factor(embeddings)
         if self.margin_scale is not None:
             return f * self.margin_scale
-        c = self._curvature()
-        c = float(c) if not isinstance(c, torch.Tensor) else float(c.detach())
-        return f * math.exp(c)
+        c = pb.as_curvature(self._curvature(), f.dtype, f.device).detach()
+        return f * c.exp()  # e^c, the paper's scale; a tensor op: no device-to-host read per step
 
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         mat = as_compute(self.distance(embeddings, ref_emb))

@@ -95,6 +95,18 @@ def linkage_levels(points, levels, method: str = "ward") -> np.ndarray:
     return _compact(np.stack([fcluster(z, k, criterion="maxclust") for k in levels], 1))
 
 
+def pca_whiten(features, dim: int) -> torch.Tensor:
+    """The centred ``features`` (N × F) on their top ``dim`` principal directions, each scaled to
+    unit variance (float64; ``dim`` is capped at the rank)."""
+    x = torch.as_tensor(features).detach().cpu().double()
+    x = x - x.mean(0)
+    u, s, _ = torch.linalg.svd(x, full_matrices=False)
+    keep = int(min(dim, int((s > s[0] * 1e-10).sum()) if s.numel() else 0))
+    if keep < 1:
+        raise ValueError("features have rank 0: nothing to whiten")
+    return u[:, :keep] * np.sqrt(max(x.shape[0] - 1, 1))
+
+
 def merge_small_clusters(labels, points, min_size: int) -> np.ndarray:
     """Give every finest-level cluster with fewer than ``min_size`` members the whole label row of
     the nearest (by centroid) cluster that has enough: levels stay nested, no pseudo-class is
@@ -143,6 +155,9 @@ class UnsupervisedPseudoLabels:
             0 that clusters a randomly initialised head).
         min_cluster_size: finest clusters smaller than this are merged (:func:`merge_small_clusters`;
             1 disables). Default 4 = the class-balanced sampler's samples per class.
+        whiten: cluster the backbone features after PCA whitening to this many dimensions (fit on
+            the features being clustered; no label used), then L2 normalisation; ``None``: only
+            L2-normalised. Embeddings are never whitened.
         seed: seed of the average-linkage labeler.
 
     Ward on embeddings runs in the tangent space at the origin (``logmap0``); on features, in the
@@ -152,8 +167,12 @@ class UnsupervisedPseudoLabels:
     """
 
     def __init__(self, levels=DEFAULT_PSEUDO_LEVELS, c=0.1, linkage="ward", source="features",
-                 min_cluster_size: int = 4, seed: int = 0):
+                 min_cluster_size: int = 4, whiten=None, seed: int = 0):
         self.levels = _check_levels(levels)
+        if whiten is not None and (isinstance(whiten, bool) or not isinstance(whiten, (int, np.integer))
+                                   or whiten < 1):
+            raise ValueError(f"whiten must be None or an integer >= 1, got {whiten!r}")
+        self.whiten = None if whiten is None else int(whiten)
         if linkage not in LINKAGES:
             raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
         if source not in SOURCES:
@@ -202,7 +221,7 @@ class UnsupervisedPseudoLabels:
             f = torch.as_tensor(features).detach().cpu().double()
             if f.ndim != 2:
                 raise ValueError(f"features must have shape (N, F), got {tuple(f.shape)}")
-            points = torch.nn.functional.normalize(f, dim=1).numpy()
+            points = torch.nn.functional.normalize(pca_whiten(f, self.whiten) if self.whiten else f, dim=1).numpy()
             labels = linkage_levels(points, self.levels, self.linkage)
         if self.min_cluster_size > 1:
             labels = merge_small_clusters(labels, points, self.min_cluster_size)

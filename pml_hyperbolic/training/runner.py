@@ -314,7 +314,7 @@ class Recipe:
 
         out = {}
         disk = os.path.join(self.run_dir, "poincare_disk.png")
-        plot_poincare_disk(embeddings, labels, disk, c=self.c, radius_histogram=True)
+        plot_poincare_disk(embeddings, labels, disk, c=self.geometry, radius_histogram=True)
         out["poincare_disk"] = disk
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
         clip = getattr(self.args, "clip_r", None)
@@ -324,7 +324,7 @@ class Recipe:
             warnings.simplefilter("ignore", RuntimeWarning)  # said once, plainly, below
             protocol = ("queries vs gallery, as the run's Recall@1" if reference_embeddings is not None
                         else "self-retrieval among the test embeddings")
-            table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.c,
+            table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.geometry,
                                                reference_embeddings=reference_embeddings,
                                                reference_labels=reference_labels,
                                                title=f"Recall@1 per uncertainty bin ({protocol})",
