@@ -432,7 +432,7 @@ def test_margin_loss_running_estimates_checkpoint_and_update():
 
 
 def test_log_ratio_hierarchical_levels_convention():
-    from pml_hyperbolic.losses.hierarchical_log_ratio_loss import similarity_levels
+    from pml_hyperbolic.miners.hierarchy import pairwise_first_shared_level as similarity_levels
     L = torch.tensor([[0, 0], [0, 0], [1, 0], [2, 1]])
     s = similarity_levels(L, L)
     assert s[0, 1] == 1 and s[0, 2] == 2 and s[0, 3] == 3 and s[2, 3] == 3

@@ -10,18 +10,9 @@ from pytorch_metric_learning.reducers import MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..distances import PoincareDistance
+from ..miners.hierarchy import pairwise_first_shared_level
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_positive, sub_loss_reducer_type
-
-
-def similarity_levels(levels: torch.Tensor, ref_levels: torch.Tensor) -> torch.Tensor:
-    """(B, R) int64 s_ij = the 1-based level k at which i and j first share a cluster
-    (smallest k with levels[i, k] == ref_levels[j, k]); K + 1 if they share none."""
-    K = levels.shape[1]
-    s = torch.full((levels.shape[0], ref_levels.shape[0]), K + 1, dtype=torch.long, device=levels.device)
-    for k in reversed(range(K)):  # finest level last so it wins
-        s.masked_fill_(levels[:, k].view(-1, 1) == ref_levels[:, k].view(1, -1), k + 1)
-    return s
 
 
 def _per_level_tables(y: torch.Tensor, bins: torch.Tensor, K: int):
@@ -164,7 +155,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
         levels = self._as_levels(labels, embeddings.shape[0], "labels")
         ref_levels = self._as_levels(ref_labels, ref_emb.shape[0], "ref_labels")
-        s = similarity_levels(levels, ref_levels)
+        s = pairwise_first_shared_level(levels, ref_levels)
         log_omega = math.log(self.omega)
         mat = as_compute(self.distance(embeddings, ref_emb))
         if self.distance.is_inverted:
