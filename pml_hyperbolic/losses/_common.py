@@ -82,3 +82,16 @@ def sub_loss_reducer_type(loss_fn, name: str = "loss") -> type:
     if isinstance(reducer, MultipleReducers):
         reducer = reducer.reducers[name] if name in reducer.reducers else reducer.default_reducer
     return type(reducer)
+
+
+#: This package's losses that score a batch against a reference set (``ref_emb`` / ``ref_labels``):
+#: the one list PML's name-based checks are extended with (``HyperbolicCrossBatchMemory``, HCL's
+#: ``KeyQueue``).
+REFERENCE_SET_LOSSES = (
+    "PairwiseCrossEntropyLoss",
+    "UncertaintyAdaptiveContrastiveLoss",
+    "UncertaintyAdaptiveTripletLoss",
+    "HierarchicalLogRatioLoss",
+    "HierarchicalMarginLoss",
+    "HIERLoss",
+)

@@ -3,15 +3,8 @@ from __future__ import annotations
 
 from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
 from ..manifold_tensors import AcceptsManifoldTensors
+from ._common import REFERENCE_SET_LOSSES
 
-_OUR_LOSSES = [
-    "PairwiseCrossEntropyLoss",
-    "HypMixLoss",
-    "UncertaintyAdaptiveContrastiveLoss",
-    "UncertaintyAdaptiveTripletLoss",
-    "HierarchicalLogRatioLoss",
-    "HierarchicalMarginLoss",
-]
 
 
 class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
@@ -26,4 +19,6 @@ class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
 
     @staticmethod
     def supported_losses():
-        return _PMLCrossBatchMemory.supported_losses() + _OUR_LOSSES
+        # HypMix maps one Euclidean output to both geometries: a memory of those outputs is a valid
+        # reference set (unlike HCL's queue of ball keys, which is why it is not in the shared list)
+        return _PMLCrossBatchMemory.supported_losses() + list(REFERENCE_SET_LOSSES) + ["HypMixLoss"]

@@ -18,6 +18,7 @@ import copy
 import torch
 from pytorch_metric_learning.losses import CrossBatchMemory
 
+from ..losses._common import REFERENCE_SET_LOSSES
 from .checkpoint import unwrap
 from .trainer import HyperbolicTrainer
 
@@ -27,8 +28,7 @@ class KeyQueue(CrossBatchMemory):
     set (PML checks the wrapped loss against a list of names of its own losses)."""
 
     # losses of pml_hyperbolic that take ref_emb / ref_labels and compare queries with them only
-    REF_EMB_LOSSES = ("PairwiseCrossEntropyLoss", "UncertaintyAdaptiveContrastiveLoss",
-                      "UncertaintyAdaptiveTripletLoss", "HierarchicalMarginLoss", "HierarchicalLogRatioLoss")
+    REF_EMB_LOSSES = REFERENCE_SET_LOSSES
 
     @classmethod
     def check_loss_support(cls, loss_name):
