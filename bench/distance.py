@@ -11,6 +11,7 @@ Methods (all float32, inputs are points of the c = 0.1 ball, like HyperbolicEmbe
                            losses call compute_mat(emb, emb)           <- the headline
   pairwise_dist(x, y)      the same kernel with two different tensors (no symmetry shortcut)
   PoincareDistance         the PML distance class (NaN check + projection + pairwise_dist)
+  PoincareDistance(geometry), (learnable c)   the same on a shared PoincareGeometry, fixed / learnable c
   CosineSimilarity         PML, the baseline (normalise + one matmul)
   LpDistance               PML (torch.cdist)
   hypll cdist              hypll PoincareBall.cdist (Möbius addition broadcast over N×M×D)
@@ -66,7 +67,11 @@ def make_methods():
     from hypll.tensors import ManifoldTensor
 
     ball = PoincareBall(Curvature(C, constraining_strategy=lambda v: v))  # exactly c = 0.1
+    from pml_hyperbolic.geometry import PoincareGeometry
+
     cosine, lp, poincare = CosineSimilarity(), LpDistance(), PoincareDistance(c=C)
+    on_geometry = PoincareDistance(c=PoincareGeometry(c=C))  # the shared geometry object, fixed c
+    on_learnable = PoincareDistance(c=PoincareGeometry(c=C, learnable_c=True))  # gradient to c as well
 
     def hypll_cdist(x, y):
         mx = ManifoldTensor(x[None], manifold=ball, man_dim=-1)
@@ -78,6 +83,8 @@ def make_methods():
         "pairwise_dist(x, x)": (lambda x, y: pb.pairwise_dist(x, x, C), False),
         "pairwise_dist(x, y)": (lambda x, y: pb.pairwise_dist(x, y, C), False),
         "PoincareDistance": (lambda x, y: poincare(x, x), False),
+        "PoincareDistance(geometry)": (lambda x, y: on_geometry(x, x), False),
+        "PoincareDistance(learnable c)": (lambda x, y: on_learnable(x, x), False),
         "CosineSimilarity": (lambda x, y: cosine(x, x), False),
         "LpDistance": (lambda x, y: lp(x, x), False),
         "hypll cdist": (lambda x, y: hypll_cdist(x, x), True),
