@@ -12,18 +12,13 @@ bundled data, scenes are made by pasting several glyph "objects" onto one canvas
 crop lies inside its scene. Recall@K of the (Euclidean) features on the glyph query/gallery split
 is reported as a quick sanity check (the paper evaluates by linear probing).
 """
-import os
-import sys
+import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-import torch  # noqa: E402
-
-from pml_hyperbolic.training import Recipe  # noqa: E402
-from pml_hyperbolic.training.config import ConfigError  # noqa: E402
-from pml_hyperbolic.training.evaluation import eval_protocol  # noqa: E402
-from pml_hyperbolic.training.hcl_trainer import HCLTrainer, KeyQueue  # noqa: E402
-from pml_hyperbolic.training.runner import seeded_subset  # noqa: E402
+from pml_hyperbolic.training import Recipe
+from pml_hyperbolic.training.config import ConfigError
+from pml_hyperbolic.training.evaluation import eval_protocol
+from pml_hyperbolic.training.hcl_trainer import HCLTrainer, KeyQueue
+from pml_hyperbolic.training.runner import seeded_subset
 
 
 class HCL(Recipe):

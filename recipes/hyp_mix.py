@@ -10,23 +10,8 @@ cross-entropy: logits ⟨z_e, z_e'⟩/τ_e − λ·d_c(z_h, z_h')/τ_h (pml_hype
 Training otherwise follows Hyp-ViT (the authors' code is a fork of it). The mixed distance is a
 monotone function of the cosine, so Recall@K is evaluated with the cosine.
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-from pml_hyperbolic.training import Recipe  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hyp_vit import PAPER_PRESETS as _HYP_VIT  # noqa: E402
-
-# The paper's runs: τ_e = 0.05, τ_h = 0.2, λ = 3 on CUB and 8 on Cars and SOP.
-PAPER_PRESETS = {
-    "cub200": {**_HYP_VIT["cub200"], "lam": 3.0, "tau_e": 0.05, "tau_h": 0.2},
-    "cars196": {**_HYP_VIT["cars196"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
-    "sop": {**_HYP_VIT["sop"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
-    "inshop": {**_HYP_VIT["inshop"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
-}
+from pml_hyperbolic.training import Recipe
+from pml_hyperbolic.training.presets import HYP_MIX_PRESETS as PAPER_PRESETS
 
 
 class HypMix(Recipe):

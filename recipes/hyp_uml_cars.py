@@ -11,18 +11,10 @@ adaptive contrastive loss; 3 samples per class, batch 294 (contrastive) or 2 per
 (triplet), AdamW lr 3e-5, weight decay 0.01, AMP. Without Cars196 the recipe trains a small
 ImageNet-pretrained CNN on the bundled glyph dataset so that it finishes in minutes on a CPU.
 """
-import os
-import sys
+from pml_hyperbolic.training import Recipe
+from pml_hyperbolic.training.presets import HYP_UML_PRESETS
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-from pml_hyperbolic.training import Recipe  # noqa: E402
-
-PAPER_CARS = {
-    "backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 294,
-    "samples_per_class": 3, "lr": 3e-5, "weight_decay": 0.01, "amp": "auto", "curvature": 0.1,
-    "clip_r": 2.3, "epochs": 300, "steps_per_epoch": None, "k_values": [1, 2, 4, 8, 16, 32],
-}
+PAPER_CARS = HYP_UML_PRESETS["cars196"]
 
 
 class HypUML(Recipe):

@@ -12,27 +12,11 @@ Paper settings: ViT-S/16, 128-d head, c = 0.1, clip 2.3, pairwise cross-entropy 
 weight decay 0.01, gradient-norm clip 3, frozen patch embedding, AMP; 200 / 600 / 25000 / 2200
 steps on CUB / Cars / SOP / In-Shop.
 """
-import os
-import sys
+from pml_hyperbolic.training import Recipe
+from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-from pml_hyperbolic.training import Recipe  # noqa: E402
-
-_VIT = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "lr": 3e-5,
-        "weight_decay": 0.01, "grad_clip": 3.0, "freeze_patch_embed": True, "amp": "auto", "curvature": 0.1,
-        "clip_r": 2.3}
-# epochs × steps_per_epoch = the paper's step counts (an evaluation + checkpoint after each epoch).
-PAPER_PRESETS = {
-    "cub200": {**_VIT, "batch_size": 900, "samples_per_class": 9, "epochs": 10, "steps_per_epoch": 20,
-               "k_values": [1, 2, 4, 8, 16, 32]},
-    "cars196": {**_VIT, "batch_size": 882, "samples_per_class": 9, "epochs": 10, "steps_per_epoch": 60,
-                "k_values": [1, 2, 4, 8, 16, 32]},
-    "sop": {**_VIT, "batch_size": 900, "samples_per_class": 2, "epochs": 50, "steps_per_epoch": 500,
-            "k_values": [1, 10, 100, 1000]},
-    "inshop": {**_VIT, "batch_size": 900, "samples_per_class": 2, "epochs": 22, "steps_per_epoch": 100,
-               "k_values": [1, 10, 20, 30, 40, 50]},
-}
+PAPER_PRESETS = HYP_VIT_PRESETS
+_VIT = HYP_VIT_PRESETS["cub200"]
 
 
 class HypViT(Recipe):

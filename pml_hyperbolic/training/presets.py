@@ -1,0 +1,42 @@
+"""The papers' settings of every recipe, in one place (recipes are configuration and import these).
+
+Each dict maps a dataset name to the argument values the paper used; the recipes apply them when
+the real dataset is found (``Recipe.paper_presets``). Sources: the papers and their public code,
+see ``shared/papers/README.md`` in the project notes and each recipe's docstring.
+"""
+from __future__ import annotations
+
+__all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS"]
+
+_VIT = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "lr": 3e-5,
+        "weight_decay": 0.01, "grad_clip": 3.0, "freeze_patch_embed": True, "amp": "auto", "curvature": 0.1,
+        "clip_r": 2.3}
+
+#: Hyp-ViT (Ermolov et al., CVPR'22): epochs × steps_per_epoch = the paper's step counts (an
+#: evaluation + checkpoint after each epoch).
+HYP_VIT_PRESETS = {
+    "cub200": {**_VIT, "batch_size": 900, "samples_per_class": 9, "epochs": 10, "steps_per_epoch": 20,
+               "k_values": [1, 2, 4, 8, 16, 32]},
+    "cars196": {**_VIT, "batch_size": 882, "samples_per_class": 9, "epochs": 10, "steps_per_epoch": 60,
+                "k_values": [1, 2, 4, 8, 16, 32]},
+    "sop": {**_VIT, "batch_size": 900, "samples_per_class": 2, "epochs": 50, "steps_per_epoch": 500,
+            "k_values": [1, 10, 100, 1000]},
+    "inshop": {**_VIT, "batch_size": 900, "samples_per_class": 2, "epochs": 22, "steps_per_epoch": 100,
+               "k_values": [1, 10, 20, 30, 40, 50]},
+}
+
+#: HypMix (Yue et al.): Hyp-ViT's training with τ_e = 0.05, τ_h = 0.2, λ = 3 on CUB and 8 on Cars and SOP.
+HYP_MIX_PRESETS = {
+    "cub200": {**HYP_VIT_PRESETS["cub200"], "lam": 3.0, "tau_e": 0.05, "tau_h": 0.2},
+    "cars196": {**HYP_VIT_PRESETS["cars196"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
+    "sop": {**HYP_VIT_PRESETS["sop"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
+    "inshop": {**HYP_VIT_PRESETS["inshop"], "lam": 8.0, "tau_e": 0.05, "tau_h": 0.2},
+}
+
+#: Hyp-UML (Yan, Liu, Xu) on Cars196: ViT-S/16, contrastive batch 294 = 98 × 3 (the triplet variant
+#: 194 = 97 × 2, applied by the recipe), AdamW lr 3e-5, wd 0.01, AMP.
+HYP_UML_PRESETS = {
+    "cars196": {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 294,
+                "samples_per_class": 3, "lr": 3e-5, "weight_decay": 0.01, "amp": "auto", "curvature": 0.1,
+                "clip_r": 2.3, "epochs": 300, "steps_per_epoch": None, "k_values": [1, 2, 4, 8, 16, 32]},
+}
