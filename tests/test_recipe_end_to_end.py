@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from pml_hyperbolic.training.checkpoint import read_checkpoint
+
 RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
 
 
@@ -61,7 +63,7 @@ def test_hyp_uml_triplet_head_only(tmp_path):
     import torch
 
     results, out = run("hyp_uml_cars", "HypUML", tmp_path, ["--loss", "triplet", "--no-plots", "--freeze-trunk", "true"])
-    state = torch.load(out / "last.pt", weights_only=False)
+    state = read_checkpoint(str(out / "last.pt"))
     assert "trunk_optimizer" not in state["optimizers"] and "embedder_optimizer" in state["optimizers"]
 
 
@@ -87,7 +89,7 @@ def test_hyp_mix(tmp_path):
     assert loss.distance.curvatures == [pytest.approx(results["curvature"])]
     assert isinstance(recipe.head, SphericalEmbeddingHead) and recipe.eval_curvature() is None  # cosine kNN
     # ... and is what the run saved: the loss's λ buffer in the checkpoint and the config
-    state = torch.load(out / "last.pt", weights_only=False)
+    state = read_checkpoint(str(out / "last.pt"))
     assert state["loss_funcs"]["metric_loss"]["distance.fixed_lam"].tolist() == [8.0]
     assert json.loads((out / "config.json").read_text())["lam"] == 8.0
 
@@ -120,7 +122,7 @@ def test_unsupervised_supervised_variant(tmp_path, capsys):
     assert float(loss.distance.c) == pytest.approx(results["curvature"])
     # its running class-distance estimates (the margins) were updated by training on real classes:
     # 2 steps × 16 images / 4 per class = 8 classes, all of them labels of the training subset
-    saved = torch.load(out / "last.pt", weights_only=False)["loss_funcs"]["metric_loss"]
+    saved = read_checkpoint(str(out / "last.pt"))["loss_funcs"]["metric_loss"]
     seen = saved["intra_seen"].nonzero().flatten().tolist()
     assert len(seen) == 8 and set(seen) <= set(recipe.train_set.labels.tolist())
     assert (saved["intra_mean"][seen] > 0).all()
@@ -156,7 +158,7 @@ def test_hcl_composed_scenes(tmp_path, monkeypatch):
         # FIFO of size 24: the first 8 keys (pair labels 0..7 of step 1) were pushed out by step 2's
         assert queue.has_been_filled and queue.queue_idx == 8
         assert sorted(queue.label_memory.tolist()) == list(range(8, 32))
-    saved = torch.load(out / "last.pt", weights_only=False)
+    saved = read_checkpoint(str(out / "last.pt"))
     assert saved["extra"]["queues"] == {k: {"queue_idx": 8, "has_been_filled": True} for k in trainer.loss_funcs}
     # the default hyperbolic weight 0.1 (and c = 0.05) is what the trained loss used
     assert trainer.loss_weights == {"metric_loss": 1.0, "hyperbolic_loss": 0.1}

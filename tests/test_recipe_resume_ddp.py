@@ -55,7 +55,9 @@ if __name__ == "__main__":
 
 
 def final_state(out):
-    return torch.load(out / "last.pt", map_location="cpu", weights_only=False)
+    from pml_hyperbolic.training.checkpoint import read_checkpoint
+
+    return read_checkpoint(str(out / "last.pt"))
 
 
 def test_resume_after_interruption_matches_straight_run(tmp_path, monkeypatch):

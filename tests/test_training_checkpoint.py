@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from pml_hyperbolic.training.checkpoint import CheckpointManager, atomic_torch_save, check_compatible
+from pml_hyperbolic.training.checkpoint import CheckpointManager, atomic_torch_save, check_compatible, read_checkpoint
 from pml_hyperbolic.training.config import ConfigError, config_fingerprint
 
 
@@ -12,7 +12,7 @@ def test_atomic_save_replaces_and_leaves_no_temp(tmp_path):
     path = tmp_path / "last.pt"
     atomic_torch_save({"v": 1}, str(path))
     atomic_torch_save({"v": 2}, str(path))
-    assert torch.load(path)["v"] == 2
+    assert read_checkpoint(str(path))["v"] == 2
     assert os.listdir(tmp_path) == ["last.pt"]
 
 
@@ -26,7 +26,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path):
 
     with pytest.raises(RuntimeError, match="boom"):
         atomic_torch_save({"v": Unpicklable()}, str(path))
-    assert torch.load(path)["v"] == 1
+    assert read_checkpoint(str(path))["v"] == 1
     assert os.listdir(tmp_path) == ["last.pt"]
 
 
@@ -51,3 +51,28 @@ def test_foreign_file_is_refused(tmp_path):
     torch.save({"state_dict": {}}, path)
     with pytest.raises(ConfigError, match="not a pml-hyperbolic"):
         CheckpointManager(str(tmp_path), {}).load(str(path))
+
+
+def test_flipped_bytes_inside_the_tensor_data_are_refused(tmp_path):
+    # torch's zip reader checks no CRC: without the digest this checkpoint would load silently
+    path = tmp_path / "last.pt"
+    weights = torch.arange(4096, dtype=torch.float32)
+    atomic_torch_save({"w": weights, "epoch": 3}, str(path))
+    assert torch.equal(read_checkpoint(str(path))["w"], weights)
+    data = bytearray(path.read_bytes())
+    marker = weights[1000:1004].numpy().tobytes()  # bytes of the tensor inside the payload
+    at = bytes(data).find(marker)
+    assert at > 0
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="corrupted.*SHA-256"):
+        read_checkpoint(str(path))
+    manager = CheckpointManager(str(tmp_path), {})
+    with pytest.raises(ConfigError, match="corrupted"):
+        manager.load(str(path))
+
+
+def test_checkpoint_without_digest_still_loads(tmp_path):
+    path = tmp_path / "old.pt"
+    torch.save({"v": 7}, path)  # written before digests existed
+    assert read_checkpoint(str(path)) == {"v": 7}

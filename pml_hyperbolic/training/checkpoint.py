@@ -1,6 +1,8 @@
 """Atomic checkpoints with everything ``--resume`` needs to reproduce an uninterrupted run."""
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
 import tempfile
@@ -12,18 +14,55 @@ import torch
 from .config import ConfigError, config_fingerprint
 
 
+CHECKPOINT_FORMAT = "pml-hyperbolic-checkpoint/2"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pack_with_digest(obj) -> Dict:
+    """``{"format", "sha256", "payload"}``: ``obj`` serialised by ``torch.save`` and its SHA-256.
+
+    torch's zip reader checks no CRC, so bytes flipped inside tensor data would load silently; the
+    digest over the whole payload makes any change a clear error at load time."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    return {"format": CHECKPOINT_FORMAT, "sha256": _sha256(payload), "payload": payload}
+
+
+def unpack_with_digest(packed, path: str, map_location="cpu"):
+    """Inverse of :func:`pack_with_digest`; a digest mismatch raises ``ConfigError`` naming ``path``.
+    A file written before digests existed (no ``format`` key) is returned as it is."""
+    if not (isinstance(packed, dict) and packed.get("format") == CHECKPOINT_FORMAT):
+        return packed
+    payload = packed.get("payload")
+    if not isinstance(payload, (bytes, bytearray)) or _sha256(bytes(payload)) != packed.get("sha256"):
+        raise ConfigError(f"--resume: checkpoint {path} is corrupted (its SHA-256 digest does not match its "
+                          "contents). Resume from another checkpoint (best.pt / last.pt) or start from scratch.")
+    return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
+
+
+def read_checkpoint(path: str, map_location="cpu"):
+    """Load a checkpoint written by :func:`atomic_torch_save`, verifying its digest."""
+    return unpack_with_digest(torch.load(path, map_location=map_location, weights_only=False), path, map_location)
+
+
 def atomic_torch_save(obj, path: str) -> None:
-    """Write ``obj`` to a temporary file in the same folder, fsync it, then ``os.replace`` it.
+    """Write ``obj`` (with a SHA-256 digest, see :func:`pack_with_digest`) to a temporary file in the
+    same folder, fsync it, then ``os.replace`` it.
 
     A crash mid-write leaves the previous checkpoint intact (``os.replace`` is atomic on POSIX and
     Windows when source and target are on the same file system, hence the same folder).
     """
+    obj = pack_with_digest(obj)
     folder = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
+            torch.save(obj, handle, pickle_protocol=4)  # protocol 4 stores the payload bytes raw
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -134,6 +173,7 @@ class CheckpointManager:
             checkpoint = torch.load(path, map_location=map_location, weights_only=False)
         except Exception as err:  # corrupted or foreign file: tell the user which
             raise ConfigError(f"--resume: cannot read checkpoint {path}: {err}")
+        checkpoint = unpack_with_digest(checkpoint, path, map_location)
         check_compatible(checkpoint, self.config, path)
         return checkpoint
 
