@@ -79,6 +79,7 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=No
         clip_r = 2.3 if clip_r is None else clip_r
     if mode == "clip" and not float(clip_r) > 0:
         raise ValueError(f"clip_r must be > 0 for mode='clip', got {clip_r!r}")
+    pb.check_finite(embeddings, "embeddings")
     x = embeddings.detach() if detach else embeddings
     c_t = pb.as_curvature(c, pb.compute_dtype(x.dtype), x.device)
     x = pb.project(x, c_t)

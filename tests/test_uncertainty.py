@@ -161,3 +161,19 @@ def test_recall_table_query_to_reference_equals_brute_force():
         uncertainty_recall_table(q, q_labels, c=0.1, reference_embeddings=ref)
     with pytest.raises(ValueError, match="reference_embeddings must be"):
         uncertainty_recall_table(q, q_labels, c=0.1, reference_embeddings=ref[:, :3], reference_labels=ref_labels)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_raise_instead_of_passing_through(bad):
+    from pml_hyperbolic.losses import HypMixLoss
+
+    z = ToPoincare(c=0.1)(torch.randn(6, 4))
+    z[2, 1] = bad
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        hyperbolic_uncertainty(z, c=0.1)
+    feats = torch.randn(6, 4)
+    feats[0, 0] = bad
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        HypMixLoss()(feats, torch.tensor([0, 0, 1, 1, 2, 2]))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        ToPoincare(c=0.1)(feats)

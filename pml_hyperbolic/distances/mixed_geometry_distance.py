@@ -170,6 +170,7 @@ class MixedGeometryDistance(BaseDistance):
         return [float(pb.as_curvature(ck, torch.float64).detach()) for ck in self._curvature_sources]
 
     def _views(self, emb):
+        pb.check_finite(emb, "embeddings")  # a NaN loss is worse than an error
         emb = emb.float() if emb.dtype in (torch.float16, torch.bfloat16) else emb
         u = F.normalize(emb, dim=-1, eps=1e-12)
         tangent = u
@@ -201,6 +202,9 @@ class MixedGeometryDistance(BaseDistance):
         return emb / norm.clamp_min(1e-12), bool((norm > 1e-12).all())
 
     def compute_mat(self, query_emb, ref_emb):
+        pb.check_finite(query_emb, "embeddings")
+        if ref_emb is not query_emb:
+            pb.check_finite(ref_emb, "ref_emb")
         # float32 at least throughout: an autocast (bf16/fp16) product would leave 1 − cos with
         # ~1e-3 absolute error, which √(1 − cos) turns into large errors for close pairs
         with torch.autocast(device_type=query_emb.device.type, enabled=False):
