@@ -148,3 +148,16 @@ def test_sampled_estimate_is_the_mean_and_spread_of_the_draws():
     # as many samples as points: one exact value, no spread
     exact = 2 * naive_delta(torch.cdist(x, x), 0) / float(torch.cdist(x, x).max())
     assert relative_delta(x, n_samples=300, n_draws=4, return_std=True) == pytest.approx((exact, 0.0))
+
+
+def test_coincident_points_are_an_error_not_a_curvature():
+    import pytest
+    import torch
+
+    from pml_hyperbolic.evaluation import relative_delta, suggest_curvature
+
+    same = torch.ones(50, 4)
+    with pytest.raises(ValueError, match="coincides"):
+        relative_delta(same)
+    with pytest.raises(ValueError, match="coincides"):
+        suggest_curvature(same, n_samples=20, n_draws=2)

@@ -181,8 +181,8 @@ def relative_delta(
             b = 0
         diam = float(D.max())
         if diam <= 0:
-            values.append(0.0)
-            continue
+            raise ValueError("relative δ is undefined (0/0): every point of the set (or of a sampled subset) "
+                             "coincides; check the features (a collapsed backbone?)")
         delta = _delta_from_distances(D, int(b), dtype, 16, 64)
         values.append(2.0 * delta / diam)
     mean = float(np.mean(values))
