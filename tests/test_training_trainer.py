@@ -103,6 +103,10 @@ def test_resolve_amp():
     assert resolve_amp("auto", torch.device("cpu")) == (None, False)
     assert resolve_amp("bf16", torch.device("cpu")) == (torch.bfloat16, False)
     assert resolve_amp("fp16", torch.device("cuda")) == (torch.float16, True)
+    from pml_hyperbolic.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):  # not a silent bf16 run
+        resolve_amp("fp16", torch.device("cpu"))
     with pytest.raises(ValueError, match="amp"):
         resolve_amp("fp8", torch.device("cpu"))
 

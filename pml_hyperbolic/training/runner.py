@@ -455,6 +455,7 @@ class Recipe:
             self.device = torch.device("cuda", self.ctx.local_rank)
             torch.cuda.set_device(self.device)
         per_rank_batch = check_batch_settings(a.batch_size, a.samples_per_class, self.ctx.world_size)
+        amp_dtype, use_scaler = resolve_amp(a.amp, self.device)  # a bad --amp fails before any data is read
         seed_everything(a.seed, a.deterministic)
         self.setup_data()
         self.run_dir = a.output_dir or self.default_run_dir()
@@ -471,7 +472,6 @@ class Recipe:
         self.setup_model()
         loss = self.build_loss()
         miner = self.build_miner()
-        amp_dtype, use_scaler = resolve_amp(a.amp, self.device)
         loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
         optimizers = self.build_optimizers(self.trunk, self.head, loss_funcs)
         loss_funcs = {k: (v.to(self.device) if isinstance(v, torch.nn.Module) else v) for k, v in loss_funcs.items()}

@@ -25,8 +25,11 @@ def resolve_amp(amp: str, device: torch.device):
         return torch.bfloat16, False
     if amp in ("fp16", "auto"):
         if device.type != "cuda":
-            # fp16 autocast on CPU is poorly supported; bf16 is what CPUs accelerate.
-            return torch.bfloat16, False
+            # fp16 autocast on CPU is poorly supported; running bf16 instead would silently ignore the flag
+            from .config import ConfigError
+
+            raise ConfigError(f"--amp fp16 needs a CUDA device (this run is on {device.type}); use --amp bf16 "
+                              "(what CPUs accelerate) or --amp off")
         return torch.float16, True
     raise ValueError(f"amp must be one of auto/off/fp16/bf16, got {amp!r}")
 
