@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Which PML losses and miners work with ``PoincareDistance``? Runs every one and prints the table.
+
+    python bench/pml_compatibility.py            # the Markdown table of the README (about 20 s)
+
+Each loss / miner is built with its default arguments plus ``distance=PoincareDistance(c=0.1)`` (and
+the sizes a classification loss needs: 4 classes, 8-d embeddings), then called on 16 points of the
+c = 0.1 ball (4 classes × 4) with a backward pass. Verdicts:
+
+* ``works``: finite loss and finite gradients (a miner: returns index tuples);
+* ``refused``: PML refuses the distance at construction (its own asserts: the loss needs an inverted
+  similarity such as the cosine, or a specific distance);
+* ``crashes``: construction passes but the call raises;
+* ``non-finite``: the loss or its gradient is NaN/Inf.
+
+``tests/test_pml_compatibility.py`` regenerates this table and checks the README holds it.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+SKIP = {"BaseMetricLossFunction", "GenericPairLoss", "BaseMiner", "CrossBatchMemory",
+        "EmbeddingsAlreadyPackagedAsTriplets"}  # abstract bases / wrappers, not losses of their own
+NUM_CLASSES, DIM = 4, 8
+
+
+def _points(seed=0):
+    from pml_hyperbolic.heads import ToPoincare
+
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(NUM_CLASSES).repeat_interleave(4)
+    protos = torch.randn(NUM_CLASSES, DIM, generator=g)
+    x = ToPoincare(c=0.1)(protos[labels] + 0.5 * torch.randn(len(labels), DIM, generator=g))
+    return x, labels
+
+
+def _build(cls, distance):
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {"distance": distance}
+    for name, value in (("num_classes", NUM_CLASSES), ("embedding_size", DIM)):
+        if name in params:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def loss_verdict(cls) -> str:
+    from pml_hyperbolic.distances import PoincareDistance
+
+    try:
+        loss_fn = _build(cls, PoincareDistance(c=0.1))
+    except Exception:  # PML's own asserts (and any other refusal) at construction
+        return "refused"
+    x, labels = _points()
+    x = x.detach().requires_grad_()
+    try:
+        loss = loss_fn(x, labels)
+        loss.backward()
+    except Exception:
+        return "crashes"
+    if not math.isfinite(float(loss.detach())) or x.grad is None or not torch.isfinite(x.grad).all():
+        return "non-finite"
+    return "works"
+
+
+def miner_verdict(cls) -> str:
+    from pml_hyperbolic.distances import PoincareDistance
+
+    try:
+        miner = _build(cls, PoincareDistance(c=0.1))
+    except Exception:
+        return "refused"
+    x, labels = _points()
+    try:
+        out = miner(x, labels)
+    except Exception:
+        return "crashes"
+    return "works" if isinstance(out, tuple) and all(torch.is_tensor(t) for t in out) else "crashes"
+
+
+def table() -> str:
+    """The Markdown compatibility table (PML version in the header)."""
+    import pytorch_metric_learning
+    from pytorch_metric_learning import losses, miners
+
+    rows = []
+    for kind, module, base, verdict in (("loss", losses, losses.BaseMetricLossFunction, loss_verdict),
+                                        ("miner", miners, miners.BaseMiner, miner_verdict)):
+        for name, cls in sorted(inspect.getmembers(module, inspect.isclass)):
+            if name in SKIP or not issubclass(cls, base):
+                continue
+            torch.manual_seed(0)
+            rows.append((kind, name, verdict(cls)))
+    counts = {v: sum(r[2] == v for r in rows) for v in ("works", "refused", "crashes", "non-finite")}
+    lines = [f"PML {pytorch_metric_learning.__version__}: "
+             + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(rows)}.", "",
+             "| kind | PML class | with `PoincareDistance` |", "|---|---|---|"]
+    lines += [f"| {k} | `{n}` | {v} |" for k, n, v in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
