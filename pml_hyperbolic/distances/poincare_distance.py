@@ -10,7 +10,8 @@ from ..manifold_tensors import unwrap_ball_tensor
 
 
 class PoincareDistance(BaseDistance):
-    r"""Geodesic distance on the Poincaré ball of curvature :math:`-c`, for any PML loss or miner.
+    r"""Geodesic distance on the Poincaré ball of curvature :math:`-c`, for PML losses and miners
+    (those that accept a non-cosine distance: see the table of ``bench/pml_compatibility.py``).
 
     .. math:: d_c(x, y) = \frac{2}{\sqrt{c}}\operatorname{artanh}\big(\sqrt{c}\,\|{-x}\oplus_c y\|\big)
 
