@@ -40,8 +40,12 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
 default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
-hierarchical log-ratio loss (labels never used: pseudo-labels from ``HierarchicalPseudoLabeler``,
-levels (100, 70, 40, 10), refreshed every 60 steps) · ``unsup_kmeans`` its baseline with the same
+hierarchical log-ratio loss (labels never used: pseudo-labels from the package's
+``UnsupervisedPseudoLabels`` defaults — one level of 128 Ward clusters of the pre-trained (step-0)
+features, PCA-whitened to 256-d, computed once; chosen on a validation split by
+``bench/unsupervised_pseudo_labels.py``; Ω = 1.2, the loss's default; the
+paper's average linkage on the embeddings with levels (100, 70, 40, 10) and Ω = 10 is
+``UnsupervisedPseudoLabels.paper()`` + ``omega=10.0``) · ``unsup_kmeans`` its baseline with the same
 budget (k-means k = 100 pseudo-labels + PML ``TripletMarginLoss``) · ``hcl`` HCL on scenes composed
 from the training glyphs (``ComposedGlyphScenes`` of the training package; MoCo + 0.1 × hyperbolic
 scene→object loss, c = 0.05, T = 0.2), evaluated like the recipe: cosine kNN on the glyph protocol.
@@ -119,8 +123,8 @@ def build_rows():
             loss=lambda n: L().UncertaintyAdaptiveTripletLoss(mode="literal", distance=_poincare())),
         Row("hier_margin", "Hierarchical margin contrastive (supervised, γ=0.1, c=0.1)", head="hyp", eval_c=HYP_C,
             loss=lambda n: L().HierarchicalMarginLoss(num_classes=n, gamma=0.1, distance=_poincare())),
-        Row("unsup_logratio", "Unsupervised: hier. pseudo-labels + log-ratio (Ω=10, c=0.1)", head="hyp",
-            eval_c=HYP_C, loss=lambda n: L().HierarchicalLogRatioLoss(omega=10.0, distance=_poincare()),
+        Row("unsup_logratio", "Unsupervised: pseudo-labels (128 ward clusters, whitened features) + log-ratio (Ω=1.2)",
+            head="hyp", eval_c=HYP_C, loss=lambda n: L().HierarchicalLogRatioLoss(distance=_poincare()),
             kind="unsup_hier"),
         Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss",
             loss=lambda n: _pml()[0].TripletMarginLoss(margin=0.1), kind="unsup_kmeans"),
@@ -146,14 +150,17 @@ def make_head(kind, in_features, dim):
 
 
 def _hier_relabel(bank, seed):
-    from pml_hyperbolic.miners import HierarchicalPseudoLabeler
+    """The package's pseudo-label policy (defaults chosen by ``bench/unsupervised_pseudo_labels.py``):
+    the clean views' features of the initial tail, clustered once and reused at every refresh."""
+    from pml_hyperbolic.training.pseudo_labels import UnsupervisedPseudoLabels
 
-    labeler = HierarchicalPseudoLabeler(levels=UNSUP_LEVELS, c=HYP_C, exact_max_samples=5000, seed=seed)
+    policy = UnsupervisedPseudoLabels(c=HYP_C, seed=seed)
     clean = bank.train.acts[:, 0]
 
     def relabel(tail, head):
-        z = qc.embed(tail, head, clean)
-        levels = labeler.fit_predict(z)
+        z = qc.embed(tail, head, clean) if policy.uses_embeddings() else None
+        f = qc.embed(tail, None, clean) if policy.uses_features() else None
+        levels = policy(features=f, embeddings=z)
         return levels[:, 0], levels
     return relabel
 

@@ -5,11 +5,16 @@
     python recipes/unsupervised_hyperbolic.py --dataset cub --data-root /data/CUB_200_2011
     python recipes/unsupervised_hyperbolic.py --supervised          # hierarchical-margin variant
 
-No label is used for training: at the start of every epoch the current embeddings of the training
-set are clustered hierarchically in the Poincaré ball (HierarchicalPseudoLabeler, K levels) and the
-hierarchical log-ratio loss (HierarchicalLogRatioLoss, Ω) is trained on those pseudo-labels. With
-``--supervised`` the real class labels train the hierarchical-margin loss instead. Test labels are
-used only to report Recall@K.
+No label is used for training: the training set is clustered hierarchically into pseudo-labels
+(``pml_hyperbolic.training.pseudo_labels.UnsupervisedPseudoLabels``: what is clustered, how, when)
+and the hierarchical log-ratio loss (HierarchicalLogRatioLoss, Ω) is trained on them; the labels are
+refreshed at the start of every epoch (a no-op by default: 128 Ward clusters of the PCA-whitened
+pre-trained backbone features, computed once; ``--pseudo-source features_then_embeddings`` re-clusters
+the learned embeddings). Defaults were chosen on a validation split of the bundled
+glyphs (``bench/unsupervised_pseudo_labels.py``); the paper's setting is
+``--paper-pseudo-labels`` (average linkage, levels 100 70 40 10, pre-trained features first, then
+the learned embeddings). With ``--supervised`` the real class labels train the hierarchical-margin
+loss instead. Test labels are used only to report Recall@K.
 """
 import os
 import sys
@@ -18,7 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 
 from pml_hyperbolic.training import Recipe  # noqa: E402
-from pml_hyperbolic.training.pseudo_labels import PseudoLabelledDataset  # noqa: E402
+from pml_hyperbolic.training.pseudo_labels import (  # noqa: E402
+    DEFAULT_PSEUDO_LEVELS, LINKAGES, PAPER_PSEUDO_LEVELS, SOURCES, PseudoLabelledDataset, UnsupervisedPseudoLabels)
 from pml_hyperbolic.training.runner import compute_embeddings  # noqa: E402
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
@@ -42,9 +48,24 @@ class UnsupervisedHyperbolic(Recipe):
         g = parser.add_argument_group("unsupervised hyperbolic metric learning")
         g.add_argument("--supervised", action="store_true",
                        help="Train HierarchicalMarginLoss on the real labels instead of pseudo-labels.")
-        g.add_argument("--levels", type=int, nargs="+", default=[100, 70, 40, 10],
-                       help="Clusters per pseudo-label level, finest first (paper's K = 4 setting).")
-        g.add_argument("--omega", type=float, default=10.0, help="Ω > 1 of the log-ratio loss.")
+        g.add_argument("--levels", type=int, nargs="+", default=None,
+                       help=f"Clusters per pseudo-label level, finest first (default {list(DEFAULT_PSEUDO_LEVELS)}; "
+                            f"the paper's K = 4 setting: {' '.join(map(str, PAPER_PSEUDO_LEVELS))}).")
+        g.add_argument("--linkage", choices=LINKAGES, default=None,
+                       help="Agglomerative linkage of the pseudo-labels (default ward; the paper: average).")
+        g.add_argument("--pseudo-source", choices=SOURCES, default=None,
+                       help="What is clustered: the pre-trained backbone features once (default 'features'), "
+                            "features first then the learned embeddings (the paper), or always the embeddings.")
+        g.add_argument("--whiten", type=int, default=None,
+                       help="PCA-whiten the backbone features to this many dimensions before clustering "
+                            "(default 256; 0: no whitening).")
+        g.add_argument("--min-cluster-size", type=int, default=None,
+                       help="Merge finest pseudo-classes smaller than this into the nearest one (default 4).")
+        g.add_argument("--paper-pseudo-labels", action="store_true",
+                       help="Yan et al.'s pseudo-labels (average linkage, levels 100 70 40 10, features then "
+                            "embeddings); --levels/--linkage/... still override.")
+        g.add_argument("--omega", type=float, default=1.2,
+                       help="Ω > 1 of the log-ratio loss (default 1.2, the loss's default; the paper: 10).")
         g.add_argument("--gamma", type=float, default=0.1, help="--supervised: margin offset γ.")
 
     # ---- data: hide the labels ----
@@ -53,17 +74,36 @@ class UnsupervisedHyperbolic(Recipe):
 
     def relabel(self, step):
         """Cluster the current training-set embeddings into the K-level pseudo-labels."""
-        from pml_hyperbolic.miners import HierarchicalPseudoLabeler
+        import torch
 
         if self._labels_step == step:
             return
-        emb = compute_embeddings(self.trunk, self.head, self.train_eval_set, self.device,
-                                 self.args.eval_batch_size)
-        labeler = HierarchicalPseudoLabeler(levels=tuple(self.args.levels), c=self.c, seed=self.args.seed)
-        labels = labeler.fit_predict(emb)
+        policy = self.pseudo_labels()
+        emb = feats = None
+        if policy.uses_embeddings():
+            emb = compute_embeddings(self.trunk, self.head, self.train_eval_set, self.device,
+                                     self.args.eval_batch_size)
+        if policy.uses_features():
+            feats = compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
+                                       self.args.eval_batch_size)
+        labels = policy(features=feats, embeddings=emb)
         self.train_set.set_labels(labels)
         self._labels_step = step
-        self.say(f"[pseudo-labels] step {step}: clusters per level {list(labeler.level_sizes_)}")
+        sizes = [int(labels[:, k].max()) + 1 for k in range(labels.shape[1])]
+        self.say(f"[pseudo-labels] step {step}: clusters per level {sizes}")
+
+    def pseudo_labels(self):
+        """The recipe's pseudo-label policy (built once: it caches feature-based labels)."""
+        if getattr(self, "_pseudo_policy", None) is None:
+            a = self.args
+            kw = dict(UnsupervisedPseudoLabels.paper(c=self.c).config()) if a.paper_pseudo_labels else {}
+            for key, value in (("levels", a.levels), ("linkage", a.linkage), ("source", a.pseudo_source),
+                               ("whiten", a.whiten), ("min_cluster_size", a.min_cluster_size)):
+                if value is not None:
+                    kw[key] = tuple(value) if key == "levels" else (None if key == "whiten" and value == 0 else value)
+            kw.update(c=self.c, seed=a.seed)
+            self._pseudo_policy = UnsupervisedPseudoLabels(**kw)
+        return self._pseudo_policy
 
     def build_sampler(self, labels, per_rank_batch):
         if self.args.supervised:
