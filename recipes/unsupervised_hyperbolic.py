@@ -66,7 +66,9 @@ class UnsupervisedHyperbolic(Recipe):
                             "embeddings); --levels/--linkage/... still override.")
         g.add_argument("--omega", type=float, default=1.2,
                        help="Ω > 1 of the log-ratio loss (default 1.2, the loss's default; the paper: 10).")
-        g.add_argument("--gamma", type=float, default=0.1, help="--supervised: margin offset γ.")
+        g.add_argument("--gamma", type=float, default=0.05,
+                       help="--supervised: margin offset γ (0.05: HierarchicalMarginLoss's default, chosen on validation; "
+                            "the paper's contrastive form is HierarchicalMarginLoss(margin_form='contrastive', gamma=0.1)).")
 
     # ---- data: hide the labels ----
     def train_dataset(self, dataset):
@@ -135,10 +137,10 @@ class UnsupervisedHyperbolic(Recipe):
 
             num_classes = int(getattr(self.train_set, "num_classes", int(max(self.train_set.labels)) + 1))
             return HierarchicalMarginLoss(num_classes=num_classes, gamma=self.args.gamma,
-                                          distance=PoincareDistance(c=self.c))
+                                          distance=PoincareDistance(c=self.geometry))
         from pml_hyperbolic.losses import HierarchicalLogRatioLoss
 
-        return HierarchicalLogRatioLoss(omega=self.args.omega, distance=PoincareDistance(c=self.c))
+        return HierarchicalLogRatioLoss(omega=self.args.omega, distance=PoincareDistance(c=self.geometry))
 
 
 if __name__ == "__main__":

@@ -216,8 +216,8 @@ def test_log_ratio_table_reduction_matches_listed(extra_ref, two_level):
 @pytest.mark.parametrize("extra_ref", [False, True])
 def test_margin_dense_reduction_matches_listed(extra_ref):
     z, y, r, ry = batch(extra_ref=extra_ref, seed=9)
-    fast = HierarchicalMarginLoss(num_classes=8, gamma=0.3).double()
-    slow = HierarchicalMarginLoss(num_classes=8, gamma=0.3, reducer=ListedAvgNonZero()).double()
+    fast = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.3).double()
+    slow = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.3, reducer=ListedAvgNonZero()).double()
     for step in range(2):  # second step: running estimates in use
         assert_same(run(fast, z + 0.01 * step, y, r, ry), run(slow, z + 0.01 * step, y, r, ry))
     assert torch.allclose(fast.inter_mean, slow.inter_mean) and torch.allclose(fast.intra_mean, slow.intra_mean)
@@ -229,8 +229,8 @@ def test_margin_dense_reduction_matches_listed_hierarchical_labels(extra_ref):
     z, y, r, ry = batch(n_cls=6, m=3, extra_ref=extra_ref, seed=11)
     y = torch.stack([y, y // 2, y // 4], 1)
     ry = None if ry is None else torch.stack([ry, ry // 2, ry // 4], 1)
-    fast = HierarchicalMarginLoss(num_classes=8, gamma=0.2, level_gamma=0.4).double()
-    slow = HierarchicalMarginLoss(num_classes=8, gamma=0.2, level_gamma=0.4, reducer=ListedAvgNonZero()).double()
+    fast = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.2, level_gamma=0.4).double()
+    slow = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.2, level_gamma=0.4, reducer=ListedAvgNonZero()).double()
     for step in range(2):  # second step: running estimates in use
         assert_same(run(fast, z + 0.01 * step, y, r, ry), run(slow, z + 0.01 * step, y, r, ry))
 

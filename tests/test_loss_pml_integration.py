@@ -22,7 +22,7 @@ import _loss_reference as ref
 def all_losses():
     return [PairwiseCrossEntropyLoss(), HypMixLoss(), UncertaintyAdaptiveContrastiveLoss(),
             UncertaintyAdaptiveTripletLoss(), HierarchicalLogRatioLoss(omega=10.0),  # the references' Ω
-            HierarchicalMarginLoss(num_classes=64)]
+            HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=64)]
 
 
 LOSS_IDS = ["pce", "hypmix", "uac", "uat", "logratio", "hmargin"]
@@ -393,24 +393,24 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="margin_scale"):
         UncertaintyAdaptiveTripletLoss(margin_scale=-1)
     with pytest.raises(ValueError, match="gamma"):
-        HierarchicalMarginLoss(num_classes=3, gamma=-1)
+        HierarchicalMarginLoss(margin_form="contrastive", num_classes=3, gamma=-1)
     with pytest.raises(ValueError, match="momentum"):
-        HierarchicalMarginLoss(num_classes=3, momentum=1.0)
+        HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3, momentum=1.0)
     with pytest.raises(ValueError, match="num_classes"):
-        HierarchicalMarginLoss(num_classes=0)
+        HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=0)
     z = embed(6)
     with pytest.raises(ValueError, match="labels"):
         HierarchicalLogRatioLoss()(z, torch.zeros(5, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="ref_labels"):
         HierarchicalLogRatioLoss()(z, torch.zeros(6, 2, dtype=torch.long), ref_emb=z, ref_labels=torch.zeros(6, 3))
     with pytest.raises(ValueError, match="labels"):
-        HierarchicalMarginLoss(num_classes=3)(z, torch.arange(6))
+        HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3)(z, torch.arange(6))
     with pytest.raises(ValueError, match="labels"):
         PairwiseCrossEntropyLoss()(z, torch.arange(5))
 
 
 def test_margin_loss_running_estimates_checkpoint_and_update():
-    loss = HierarchicalMarginLoss(num_classes=3, momentum=0.5)
+    loss = HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3, momentum=0.5)
     z1, z2 = embed(6, seed=1), embed(6, seed=2)
     y = torch.tensor([0, 0, 1, 1, 2, 2])
     loss(z1, y)
@@ -422,7 +422,7 @@ def test_margin_loss_running_estimates_checkpoint_and_update():
     assert torch.allclose(loss.intra_mean[0], 0.5 * d1[0] + 0.5 * d2[0], atol=1e-5)
     state = loss.state_dict()
     assert {"intra_mean", "intra_seen", "inter_mean", "inter_seen"} <= set(state)
-    fresh = HierarchicalMarginLoss(num_classes=3)
+    fresh = HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.inter_mean, loss.inter_mean)
     loss.eval()

@@ -98,7 +98,7 @@ def test_log_ratio_reference(c, m, use_ref, two_level):
 @pytest.mark.parametrize("c,m,use_ref", CASES)
 def test_hierarchical_margin_reference(c, m, use_ref):
     E, y, R, ry = batch(c, m, use_ref)
-    loss = HierarchicalMarginLoss(num_classes=4, gamma=0.1, distance=PoincareDistance(c=c)).double()
+    loss = HierarchicalMarginLoss(margin_form="contrastive", num_classes=4, gamma=0.1, distance=PoincareDistance(c=c)).double()
     compare(loss, lambda: ref.hierarchical_margin(E, y.tolist(), R, ry.tolist(), c, 0.1, not use_ref),
             E, y, R, ry, use_ref)
 
@@ -222,7 +222,7 @@ def test_log_ratio_nk_labels_gradcheck():
 @pytest.mark.parametrize("delta", [None, 0.0, 0.7])
 def test_margin_nk_labels_vs_loop(c, use_ref, delta):
     E, L, R, RL = three_level_batch(c, use_ref, seed=1)
-    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=delta,
+    loss = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.1, level_gamma=delta,
                                   distance=PoincareDistance(c=c)).double()
     got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
     want = loop_margin(E, L.tolist(), R, RL.tolist(), c, 0.1, 0.1 if delta is None else delta, not use_ref)
@@ -234,7 +234,7 @@ def test_margin_nk_labels_with_indices_tuple_vs_loop():
     a = torch.tensor([0, 0, 2, 5, 7])
     p = torch.tensor([1, 1, 3, 4, 6])
     n = torch.tensor([2, 11, 9, 0, 10])
-    loss = HierarchicalMarginLoss(num_classes=6, gamma=0.1, level_gamma=0.5).double()
+    loss = HierarchicalMarginLoss(margin_form="contrastive", num_classes=6, gamma=0.1, level_gamma=0.5).double()
     got = loss(E, L, (a, p, n))
     # PML turns a triplet tuple into its unique (anchor, positive) and (anchor, negative) pairs
     pos = sorted(set(zip(a.tolist(), p.tolist())))
@@ -248,7 +248,7 @@ def test_margin_nk_labels_gradcheck():
     # finite differences must not move them: estimate once in training mode, then freeze (eval)
     E, L, R, RL = three_level_batch(0.1, True, seed=4)
     E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
-    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=0.5).double()
+    loss = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.1, level_gamma=0.5).double()
     loss(E, L, ref_emb=R, ref_labels=RL)
     loss.eval()
     assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
@@ -258,19 +258,19 @@ def test_margin_nk_labels_gradcheck():
 def test_margin_single_level_matrix_equals_flat_labels():
     E, L, R, RL = three_level_batch(0.1, True, seed=5)
     kw = dict(num_classes=8, gamma=0.1, level_gamma=0.9)
-    flat = HierarchicalMarginLoss(**kw).double()(E, L[:, 0], ref_emb=R, ref_labels=RL[:, 0])
-    as_nk = HierarchicalMarginLoss(**kw).double()(E, L[:, :1], ref_emb=R, ref_labels=RL[:, :1])
-    no_growth = HierarchicalMarginLoss(num_classes=8, gamma=0.1, level_gamma=0.0).double()(
+    flat = HierarchicalMarginLoss(margin_form="contrastive", **kw).double()(E, L[:, 0], ref_emb=R, ref_labels=RL[:, 0])
+    as_nk = HierarchicalMarginLoss(margin_form="contrastive", **kw).double()(E, L[:, :1], ref_emb=R, ref_labels=RL[:, :1])
+    no_growth = HierarchicalMarginLoss(margin_form="contrastive", num_classes=8, gamma=0.1, level_gamma=0.0).double()(
         E, L, ref_emb=R, ref_labels=RL)
     assert torch.allclose(flat, as_nk, atol=1e-12) and torch.allclose(flat, no_growth, atol=1e-12)
-    grown = HierarchicalMarginLoss(**kw).double()(E, L, ref_emb=R, ref_labels=RL)
+    grown = HierarchicalMarginLoss(margin_form="contrastive", **kw).double()(E, L, ref_emb=R, ref_labels=RL)
     assert float(grown.detach()) > float(flat.detach())  # the coarser-level negatives get larger margins
 
 
 def test_margin_nk_labels_running_estimates_use_class_column():
     """The EMA buffers see column 0 only: (N, K) and 1-D training leave the same buffers."""
     E, L, _, _ = three_level_batch(0.1, False, seed=6)
-    a, b = HierarchicalMarginLoss(num_classes=6).double(), HierarchicalMarginLoss(num_classes=6).double()
+    a, b = HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=6).double(), HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=6).double()
     for step in range(2):
         a(E + 0.01 * step, L)
         b(E + 0.01 * step, L[:, 0])
@@ -281,7 +281,7 @@ def test_hierarchical_losses_bad_arguments():
     E = ball_points(6, 4, 0.1, 0)
     L = torch.stack([torch.arange(6) // 2, torch.arange(6) // 4], 1)
     log_ratio = HierarchicalLogRatioLoss()
-    margin = HierarchicalMarginLoss(num_classes=3)
+    margin = HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3)
     for loss in (log_ratio, margin):
         with pytest.raises(ValueError, match="labels"):
             loss(E, L[:5])  # wrong number of rows
@@ -305,7 +305,7 @@ def test_hierarchical_losses_bad_arguments():
             HierarchicalLogRatioLoss(eps=eps)
     for bad in (-0.1, float("nan"), "x"):
         with pytest.raises(ValueError, match="level_gamma"):
-            HierarchicalMarginLoss(num_classes=3, level_gamma=bad)
+            HierarchicalMarginLoss(margin_form="contrastive", num_classes=3, level_gamma=bad)
 
 
 def test_hierarchical_losses_defaults_pinned():
@@ -315,6 +315,128 @@ def test_hierarchical_losses_defaults_pinned():
     assert loss.omega == 1.2 and loss.eps == 1e-6
     assert isinstance(loss.distance, PoincareDistance)
     assert HierarchicalLogRatioLoss(omega=10.0).omega == 10.0
-    margin = HierarchicalMarginLoss(num_classes=3)
-    assert margin.gamma == 0.1 and margin.level_gamma == 0.1 and margin.momentum == 0.9
-    assert HierarchicalMarginLoss(num_classes=3, gamma=0.3).level_gamma == 0.3
+    margin = HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=3)
+    assert margin.gamma == 0.1 and margin.level_gamma == 0.1 and margin.momentum == 0.9  # δ follows γ
+    assert HierarchicalMarginLoss(margin_form="contrastive", num_classes=3, gamma=0.3).level_gamma == 0.3
+
+
+# ------------------------------------------------------------------------------------------------
+# margin_form="triplet" (the default): [D_ij − D_il + M_n(i, l)]_+ over (anchor, positive, negative)
+# ------------------------------------------------------------------------------------------------
+def loop_margin_triplet(E, L, R, RL, c, gamma, delta, self_ref, reduce="avg_nonzero"):
+    """Fresh triplet-form HierarchicalMarginLoss: the class means as in ``loop_margin``; every
+    (i, j, l) with y_i = y_j, y_i ≠ y_l; hinge D_ij − D_il + d_{y_i y_l} − d_{y_i} + γ + δ(s_il − 2)."""
+    y, ry = [row[0] for row in L], [row[0] for row in RL]
+    sums, counts = {}, {}
+    for i in range(len(E)):
+        for j in range(len(R)):
+            if self_ref and i == j:
+                continue
+            d = loop_poincare(E[i], R[j], c).detach()
+            for key in ((y[i], ry[j]), (ry[j], y[i])):
+                sums[key] = sums.get(key, 0.0) + d / 2
+                counts[key] = counts.get(key, 0) + 0.5
+    mean = {k: sums[k] / counts[k] for k in sums}
+    hinges = []
+    for i in range(len(E)):
+        da = mean.get((y[i], y[i]), 0.0)
+        for j in range(len(R)):
+            if (self_ref and i == j) or y[i] != ry[j]:
+                continue
+            for l in range(len(R)):
+                if y[i] == ry[l]:
+                    continue
+                s = loop_level(L[i], RL[l])
+                m = mean[y[i], ry[l]] - da + gamma + delta * (s - 2)
+                hinges.append(torch.relu(loop_poincare(E[i], R[j], c) - loop_poincare(E[i], R[l], c) + m))
+    if reduce == "mean":
+        return sum(hinges) / len(hinges)
+    nz = [t for t in hinges if t > 0]
+    return sum(nz) / len(nz) if nz else sum(hinges) * 0
+
+
+@pytest.mark.parametrize("c", [0.1, 1.0])
+@pytest.mark.parametrize("use_ref", [False, True])
+@pytest.mark.parametrize("flat", [False, True])
+def test_margin_triplet_form_vs_loop(c, use_ref, flat):
+    E, L, R, RL = three_level_batch(c, use_ref, seed=1)
+    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.3, level_gamma=0.2, distance=PoincareDistance(c=c)).double()
+    assert loss.margin_form == "triplet"
+    if flat:
+        L, RL = L[:, :1], RL[:, :1]
+    got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
+    want = loop_margin_triplet(E, L.tolist(), R, RL.tolist(), c, 0.3, 0.2, not use_ref)
+    check_value_and_grad(got, want, [E, R] if use_ref else [E])
+    if flat:  # 1-D labels: the same loss
+        fresh = HierarchicalMarginLoss(num_classes=8, gamma=0.3, distance=PoincareDistance(c=c)).double()
+        got1 = fresh(E, L[:, 0], ref_emb=R, ref_labels=RL[:, 0]) if use_ref else fresh(E, L[:, 0])
+        assert torch.allclose(got1, want, atol=1e-6, rtol=1e-6)
+
+
+def test_margin_triplet_form_listed_reducer_vs_loop():
+    from pytorch_metric_learning.reducers import MeanReducer
+
+    E, L, R, RL = three_level_batch(0.1, True, seed=7)
+    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.5, level_gamma=0.4, reducer=MeanReducer()).double()
+    got = loss(E, L, ref_emb=R, ref_labels=RL)
+    want = loop_margin_triplet(E, L.tolist(), R, RL.tolist(), 0.1, 0.5, 0.4, False, reduce="mean")
+    check_value_and_grad(got, want, [E, R])
+
+
+def test_margin_triplet_form_gradcheck():
+    E, L, R, RL = three_level_batch(0.1, True, seed=4)
+    E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
+    loss = HierarchicalMarginLoss(num_classes=8, gamma=0.5, level_gamma=0.5).double()
+    loss(E, L, ref_emb=R, ref_labels=RL)  # estimate the means once, then freeze them (eval)
+    loss.eval()
+    assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
+    assert torch.autograd.gradcheck(lambda e: loss(e, L[:, 0]), (E,))
+
+
+def test_margin_form_bad_arguments():
+    for bad in ("paper", "Triplet", None, 1, True):
+        with pytest.raises(ValueError, match="margin_form"):
+            HierarchicalMarginLoss(num_classes=3, margin_form=bad)
+    assert HierarchicalMarginLoss(num_classes=3, margin_form="contrastive").sub_loss_names() == ["pos_loss", "neg_loss"]
+    assert HierarchicalMarginLoss(num_classes=3).sub_loss_names() == ["triplet_loss"]
+
+
+def test_margin_defaults_pinned():
+    """Chosen on the validation split (class docstring); the paper's form stays available."""
+    m = HierarchicalMarginLoss(num_classes=3)
+    assert m.margin_form == "triplet" and m.gamma == 0.05 and m.level_gamma == 0.05 and m.momentum == 0.9
+    assert isinstance(m.distance, PoincareDistance) and m.distance.c == 0.1
+    paper = HierarchicalMarginLoss(num_classes=3, gamma=0.1, margin_form="contrastive")
+    assert paper.margin_form == "contrastive" and paper.gamma == 0.1 and paper.sub_loss_names() == ["pos_loss", "neg_loss"]
+
+
+def test_margin_triplet_form_indices_tuple_vs_loop():
+    """A triplet tuple → PML's unique (anchor, positive) and (anchor, negative) pairs; every listed
+    positive pair is combined with the same anchor's listed negatives; class means over all pairs."""
+    E, L, _, _ = three_level_batch(0.1, False, seed=2)
+    a = torch.tensor([0, 0, 2, 5, 7, 7])
+    p = torch.tensor([1, 1, 3, 4, 6, 6])
+    n = torch.tensor([2, 11, 9, 0, 10, 3])
+    loss = HierarchicalMarginLoss(num_classes=6, gamma=0.2, level_gamma=0.5).double()
+    got = loss(E, L, (a, p, n))
+    Ll, y = L.tolist(), L[:, 0].tolist()
+    sums, counts = {}, {}
+    for i in range(12):
+        for j in range(12):
+            if i != j:
+                key = (y[i], y[j])
+                sums[key] = sums.get(key, 0.0) + loop_poincare(E[i], E[j], 0.1).detach()
+                counts[key] = counts.get(key, 0) + 1
+    mean = {k: sums[k] / counts[k] for k in sums}
+    pos = sorted(set(zip(a.tolist(), p.tolist())))
+    neg = sorted(set(zip(a.tolist(), n.tolist())))
+    hinges = []
+    for i, j in pos:
+        for i2, l in neg:
+            if i2 != i:
+                continue
+            m = mean[y[i], y[l]] - mean[y[i], y[i]] + 0.2 + 0.5 * (loop_level(Ll[i], Ll[l]) - 2)
+            hinges.append(torch.relu(loop_poincare(E[i], E[j], 0.1) - loop_poincare(E[i], E[l], 0.1) + m))
+    nz = [t for t in hinges if t > 0]
+    want = sum(nz) / len(nz)
+    check_value_and_grad(got, want, [E])
