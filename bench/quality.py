@@ -109,6 +109,11 @@ def build_rows():
             miner=lambda: _pml()[1].MultiSimilarityMiner(epsilon=0.1)),
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", head="hyp", eval_c=HYP_C,
             loss=lambda n: L().PairwiseCrossEntropyLoss(temperature=0.2, distance=_poincare())),
+        Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", head="hyp", eval_c=HYP_C,
+            loss=lambda n: _pml()[0].MultipleLosses(
+                [L().PairwiseCrossEntropyLoss(temperature=0.2, distance=_poincare()),
+                 L().HIERLoss(embedding_size=128, num_proxies=128, max_triplets=2048, max_proxy_triplets=1024)],
+                weights=[1.0, 3.0])),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)",
             loss=lambda n: L().HypMixLoss(c=HYP_C, lam=3.0, tau_e=0.05, tau_h=0.2)),
         Row("hypmix_learn", "HypMix, learnable λ (init 3)",

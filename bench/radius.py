@@ -195,7 +195,9 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
         # HIER's regulariser at a CPU budget (HIER_SETTINGS, --hier): fewer proxies and triplets than the paper
         h = dict(HIER_SETTINGS)
         weight = h.pop("weight")
-        loss = _Sum(loss, HIERLoss(embedding_size=embedding_dim, c=geometry, clip_r=2.3, **h), weight)
+        from pytorch_metric_learning.losses import MultipleLosses
+
+        loss = MultipleLosses([loss, HIERLoss(embedding_size=embedding_dim, c=geometry, **h)], weights=[1.0, weight])
     return head, loss, geometry, geometry.max_dist0()
 
 
@@ -208,17 +210,6 @@ class _Mined(torch.nn.Module):
 
     def forward(self, emb, labels, indices_tuple=None):
         return self.loss(emb, labels, self.miner(emb, labels))
-
-
-class _Sum(torch.nn.Module):
-    """main loss + weight · regulariser (HIER's use: beside any loss)."""
-
-    def __init__(self, main, reg, weight=1.0):
-        super().__init__()
-        self.main, self.reg, self.weight = main, reg, weight
-
-    def forward(self, emb, labels, indices_tuple=None):
-        return self.main(emb, labels) + self.weight * self.reg(emb, labels)
 
 
 def embed(head, feats, batch=1024):

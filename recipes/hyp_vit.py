@@ -37,6 +37,10 @@ class HypViT(Recipe):
         g.add_argument("--init", default="vit", choices=["vit", "dino"],
                        help="Backbone initialisation: supervised ImageNet ViT-S/16 or DINO (sets lr 1e-5 and the "
                             "timm DINO weights unless --backbone/--lr are given).")
+        g.add_argument("--hier-weight", type=float, default=0.0,
+                       help="Add HIER's hierarchical-proxy regulariser (Kim et al., CVPR'23) with this weight "
+                            "(0 = off; bench/radius.py picked 3 on a validation split of the bundled glyphs).")
+        g.add_argument("--hier-proxies", type=int, default=512, help="HIER: number of learnable proxies.")
         g.add_argument("--view-pairs", type=lambda v: str(v).lower() in ("1", "true", "yes", "on"), default=False,
                        help="The authors' multi-view loss (sum over the m(m-1) ordered view pairs); needs every class "
                             "exactly m times in the (gathered) batch, so not with DDP when ranks share classes.")
@@ -64,8 +68,18 @@ class HypViT(Recipe):
             from pml_hyperbolic.distances import PoincareDistance
 
             tau = self.args.temperature or 0.2
-            return PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.geometry),
+            loss = PairwiseCrossEntropyLoss(temperature=tau, distance=PoincareDistance(c=self.geometry),
                                             view_pairs=self.args.view_pairs)
+            if not self.args.hier_weight:
+                return loss
+            # HIER (Kim et al., CVPR'23): the hierarchical-proxy regulariser beside the main loss
+            from pytorch_metric_learning.losses import MultipleLosses
+
+            from pml_hyperbolic.losses import HIERLoss
+
+            hier = HIERLoss(embedding_size=self.args.embedding_dim, num_proxies=self.args.hier_proxies,
+                            c=self.geometry)
+            return MultipleLosses([loss, hier], weights=[1.0, self.args.hier_weight])
         from pytorch_metric_learning.distances import CosineSimilarity
 
         return PairwiseCrossEntropyLoss(temperature=self.args.temperature or 0.1, distance=CosineSimilarity(),

@@ -117,7 +117,7 @@ def test_unsupervised_supervised_variant(tmp_path, capsys):
     # the hierarchical-margin loss over the true classes (margins are adaptive: learnt in the loss, no miner)
     loss = recipe.trainer.loss_funcs["metric_loss"]
     assert isinstance(loss, HierarchicalMarginLoss) and recipe.trainer.mining_funcs == {}
-    assert loss.num_classes == GlyphDataset("train").num_classes and loss.gamma == pytest.approx(0.1)
+    assert loss.num_classes == GlyphDataset("train").num_classes and loss.gamma == pytest.approx(0.05)
     assert isinstance(loss.distance, PoincareDistance)
     assert float(loss.distance.c) == pytest.approx(results["curvature"])
     # its running class-distance estimates (the margins) were updated by training on real classes:
@@ -188,3 +188,26 @@ def test_curvature_auto_and_plots(tmp_path, capsys, monkeypatch):
     assert results["curvature"] == pytest.approx(min(10.0, max(1e-4, (0.144 / d_rel) ** 2)), rel=1e-9)
     assert os.path.isfile(out / "poincare_disk.png") and os.path.isfile(out / "uncertainty_vs_recall.png")
     assert results["uncertainty_vs_recall"]  # the table behind the plot is in results.json
+
+
+def test_hyp_vit_with_hier_regulariser(tmp_path):
+    from pytorch_metric_learning.losses import MultipleLosses
+
+    from pml_hyperbolic.losses import HIERLoss, PairwiseCrossEntropyLoss
+
+    instances = []
+    _, out = run("hyp_vit", "HypViT", tmp_path, ["--no-plots", "--hier-weight", "3", "--hier-proxies", "16"],
+                 instances=instances)
+    recipe = instances[0]
+    loss = recipe.trainer.loss_funcs["metric_loss"]
+    assert isinstance(loss, MultipleLosses) and list(loss.weights) == [1.0, 3.0]
+    main, hier = loss.losses
+    assert isinstance(main, PairwiseCrossEntropyLoss) and isinstance(hier, HIERLoss)
+    assert hier._c is recipe.geometry and main.distance._c is recipe.geometry  # one geometry, by reference
+    # the proxies are trained (their own optimiser) and checkpointed
+    saved = read_checkpoint(str(out / "last.pt"))["loss_funcs"]["metric_loss"]
+    proxies = [v for k, v in saved.items() if k.endswith("proxies")]
+    assert len(proxies) == 1 and proxies[0].shape == (16, 128)
+    optimiser = recipe.trainer.optimizers["metric_loss_optimizer"]
+    assert any(p is hier.proxies for group in optimiser.param_groups for p in group["params"])
+    assert optimiser.state[hier.proxies]["step"] == 2  # two training steps moved them

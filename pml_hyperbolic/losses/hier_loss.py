@@ -136,7 +136,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             keep receiving gradients; a Parameter or hypll module is registered on the loss, so it is
             part of ``parameters()``, like in ``PoincareDistance``). Embeddings are assumed to be ball points of this c (they are
             projected into the ball, not mapped).
-        clip_r: clipping radius of the proxies' tangent vectors, default 2.3; None disables.
+        clip_r: clipping radius of the proxies' tangent vectors; ``"auto"`` (default): the clipping of
+            ``c`` when it is a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (the proxies enter the
+            ball exactly like the embeddings), else 2.3; None disables.
         tau: softmax temperature of the straight-through LCA selection, default 0.1.
         positives: ``"labels"`` (default) or ``"labels+mutual_nn"``.
         mutual_nn_k: k of the mutual-neighbour positives, default 10.
@@ -152,7 +154,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             recomputation; larger budgets are chunked).
     """
 
-    def __init__(self, embedding_size, num_proxies=512, margin=0.1, c=0.1, clip_r=2.3, tau=0.1,
+    def __init__(self, embedding_size, num_proxies=512, margin=0.1, c=0.1, clip_r="auto", tau=0.1,
                  positives="labels", mutual_nn_k=10, proxy_term=True, proxy_nn_k=10, max_triplets=8192,
                  max_proxy_triplets=8192, stochastic_lca=True, proxy_init_std=0.01, chunk_size=8192, **kwargs):
         if "distance" in kwargs:
@@ -163,6 +165,11 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.num_proxies = _check_int(num_proxies, "num_proxies", 1)
         self.margin = check_nonnegative(margin, "margin")
         self.tau = check_positive(tau, "tau")
+        self._geometry_clips = isinstance(clip_r, str) and clip_r == "auto" and getattr(c, "_is_pml_geometry", False)
+        if isinstance(clip_r, str):
+            if clip_r != "auto":
+                raise ValueError(f"clip_r must be a number > 0, None or 'auto', got {clip_r!r}")
+            clip_r = c.clip_r if self._geometry_clips else 2.3
         if clip_r is not None:
             clip_r = check_positive(clip_r, "clip_r")
         self.clip_r = clip_r
@@ -207,6 +214,8 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         x = self.proxies
         dtype = pb.compute_dtype(x.dtype if dtype is None else dtype)
         x = x.to(dtype)
+        if self._geometry_clips:  # the embeddings' own mapping (hard or tanh clip) of the shared geometry
+            return self._c.to_ball(x)
         if self.clip_r is not None:
             norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
             x = x * torch.clamp(self.clip_r / norm, max=1.0)
