@@ -22,6 +22,17 @@ batch), the whole product is redone in float64 instead, which needs the fix only
 near-duplicates. When ``x`` is ``y`` the diagonal is set to exactly 0. Memory is O(NM + ND); no
 N×M×D tensor is built.
 
+Extreme points. :math:`1 - c\|x\|^2` is floored at ``DENOM_FLOOR`` = 2⁻⁶⁰ (only points on or
+outside the boundary reach it). Points with :math:`1 - c\|x\|^2` below ``_EXTREME_A`` (nearer the
+boundary than ``project`` puts anything) enter the product with weight 0 and stay out of the
+error bound (one such point used to inflate every row's bound to inf and NaN the close-pair
+search, corrupting valid pairs); all their pairs are computed explicitly, in float64. Their
+gradient treats a floored denominator as the constant it is (as ``dist`` does).
+
+Second order. The closed-form backward below is not itself differentiable; a backward run with
+``create_graph=True`` instead differentiates :func:`_composite_dist` (plain float64 ops, same
+close pairs and floor), so gradient penalties work.
+
 Backward. With upstream gradient :math:`U`, :math:`E = U/\sqrt{w(1+w)}` and
 :math:`F = E\,w = U\sqrt{w/(1+w)}`:
 
@@ -43,11 +54,11 @@ added back sparsely in bounded explicit form: :math:`2U_{ij}\,(x_i - y_j)/(\|x_i
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 # Target relative error of w for pairs left to the matrix product (d's relative error is at most
 # half of it): float32 4e-5 (spec: 1e-4 on d), float64 4e-11 (spec: 1e-10).
@@ -57,6 +68,14 @@ _CHUNK_ELEMENTS = 1 << 22
 # Above this fraction of close pairs a float32 call redoes the product in float64.
 _MAX_CLOSE_FRACTION = 1.0 / 16.0
 _SQRT2 = math.sqrt(2.0)
+#: Floor of the conformal denominators 1 − c‖x‖² (shared with ``poincare_ball.dist``). Computed in
+#: float64, 1 − c‖x‖² is either ≥ 2⁻⁵³ or ≤ 0, so the floor acts exactly on points on or outside the
+#: boundary; 2⁻⁶⁰ keeps 1/a (1.2e18) and 1/(ab) finite even in float32.
+DENOM_FLOOR = 2.0 ** -60
+# Points with 1 − c‖x‖² below this (closer to the boundary than `project` puts anything, or
+# outside) are "extreme": kept out of the Gram product and its error bound (one of them would
+# inflate the bound of every row), their pairs are all computed explicitly.
+_EXTREME_A = {torch.float32: 1e-5, torch.float64: 1e-10}
 _TINY64 = torch.finfo(torch.float64).tiny
 
 
@@ -66,10 +85,11 @@ def _gram_error(dtype: torch.dtype, dim: int) -> float:
 
 
 def _row_terms(x: Tensor, c: float):
-    """Float64 row quantities: ‖x‖² and 1/(1 − c‖x‖²) (clamped: never a division by zero)."""
+    """Float64 row quantities: ‖x‖² and 1/(1 − c‖x‖²) (floored at :data:`DENOM_FLOOR`: never a
+    division by zero)."""
     xd = x.double()
     x2 = torch.linalg.vecdot(xd, xd)
-    inv_a = (1.0 - c * x2).clamp_min_(_TINY64).reciprocal_()
+    inv_a = (1.0 - c * x2).clamp_min_(DENOM_FLOOR).reciprocal_()
     return x2, inv_a
 
 
@@ -84,7 +104,9 @@ def _augmented(x: Tensor, x2: Tensor, scale: Tensor, dtype: torch.dtype) -> Tens
 
 
 def _gram_W(x, y, x2, inv_a, y2, inv_b, c: float, dtype):
-    """W = 2w = 2c‖x−y‖²/(ab) from one augmented matrix product, plus the per-row closeness bound."""
+    """W = 2w = 2c‖x−y‖²/(ab) from one augmented matrix product, plus the per-row closeness bound.
+
+    (Extreme points enter with 1/a = 0, i.e. out of the bound; see :func:`_gram_regular`.)"""
     p2 = (2.0 * c) * inv_a
     dim = x.shape[1]
     left = _augmented(x, x2, -2.0 * p2, dtype)  # [-4p x, -2p, -2p‖x‖²] -> fix the last two
@@ -96,6 +118,22 @@ def _gram_W(x, y, x2, inv_a, y2, inv_b, c: float, dtype):
     # Upper bound of 2 p_i max_j q_j (‖x_i‖² + ‖y_j‖²): the Gram error scale of row i of W.
     bound = factor * p2 * (x2 * inv_b.max() + (inv_b * y2).max())
     return W, bound.to(dtype)
+
+
+def _gram_regular(x, y, x2, inv_a, y2, inv_b, c: float, dtype, ext_x, ext_y):
+    """:func:`_gram_W` with the extreme rows ``ext_x`` / columns ``ext_y`` (index tensors or None)
+    left out: their 1/a is 0 in the product and the bound, their entries of W are +inf (never
+    "close"); the caller computes all their pairs explicitly."""
+    if ext_x is not None:
+        inv_a = inv_a.index_fill(0, ext_x, 0.0)
+    if ext_y is not None:
+        inv_b = inv_b.index_fill(0, ext_y, 0.0)
+    W, bound = _gram_W(x, y, x2, inv_a, y2, inv_b, c, dtype)
+    if ext_x is not None:
+        W.index_fill_(0, ext_x, float("inf"))
+    if ext_y is not None:
+        W.index_fill_(1, ext_y, float("inf"))
+    return W, bound
 
 
 def _close_pairs(W: Tensor, bound: Tensor, same: bool):
@@ -117,6 +155,22 @@ def _close_pairs(W: Tensor, bound: Tensor, same: bool):
     if same:
         W.diagonal().zero_()
     return rows, cols
+
+
+def _extreme_pairs(n: int, m: int, ext_x, ext_y, same: bool, device):
+    """All pairs (i, j) with x_i or y_j extreme, each once (row-major blocks)."""
+    parts_r, parts_c = [], []
+    if ext_x is not None:
+        parts_r.append(ext_x.repeat_interleave(m))
+        parts_c.append(torch.arange(m, device=device).repeat(ext_x.numel()))
+    if ext_y is not None:
+        regular = torch.ones(n, dtype=torch.bool, device=device)
+        if ext_x is not None:
+            regular[ext_x] = False
+        reg_rows = torch.nonzero(regular).squeeze(1)
+        parts_r.append(reg_rows.repeat_interleave(ext_y.numel()))
+        parts_c.append(ext_y.repeat(reg_rows.numel()))
+    return torch.cat(parts_r), torch.cat(parts_c)
 
 
 def _explicit_sq_diff(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
@@ -156,6 +210,26 @@ def _folded_F(z: Tensor, x: Tensor, x2: Tensor, p: Tensor) -> Tensor:
     return p * (x2 * z[:, dim] + z[:, dim + 1] - 2.0 * torch.linalg.vecdot(x, z[:, :dim]))
 
 
+def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor, same: bool) -> Tensor:
+    """The same matrix from plain differentiable float64 ops (Gram product, the forward's close and
+    extreme pairs recomputed from explicit differences, the same denominator floor): the
+    twice-differentiable path taken when a backward is run with ``create_graph=True``."""
+    xd, yd, cd = x.double(), y.double(), c.double()
+    x2, y2 = torch.linalg.vecdot(xd, xd), torch.linalg.vecdot(yd, yd)
+    a = (1 - cd * x2).clamp_min(DENOM_FLOOR)
+    b = (1 - cd * y2).clamp_min(DENOM_FLOOR)
+    s = (x2[:, None] + y2[None] - 2 * (xd @ yd.T)).clamp_min(0)
+    if rows.numel():
+        diff = xd[rows] - yd[cols]
+        s = s.index_put((rows, cols), torch.linalg.vecdot(diff, diff))
+    w = cd * s / (a[:, None] * b[None])
+    # w = 0 (x_i = y_j): sqrt's derivative is infinite there; the clamp makes it a zero subgradient
+    d = (2 / cd.sqrt()) * torch.asinh(w.clamp_min(_TINY64).sqrt())
+    if same:
+        d = d.masked_fill(torch.eye(d.shape[0], dtype=torch.bool, device=d.device), 0.0)
+    return d
+
+
 class PoincarePairwiseDist(torch.autograd.Function):
     """Autograd function behind :func:`pml_hyperbolic.poincare_ball.pairwise_dist`."""
 
@@ -174,35 +248,73 @@ class PoincarePairwiseDist(torch.autograd.Function):
                 empty = x.new_zeros(x.shape[0], y.shape[0])
                 ctx.save_for_backward(x, y, c, empty, empty, None, None, None, x2, inv_a, y2, inv_b)
                 return empty
-            W, bound = _gram_W(x, y, x2, inv_a, y2, inv_b, cf, dtype)
+            # Points on/outside the boundary (or closer to it than `project` puts anything): out of
+            # the Gram product, all their pairs explicit (they must not touch the other pairs).
+            # (1/a > 1/threshold ⇔ 1 − c‖x‖² < threshold, floored ones included)
+            ext_x = torch.nonzero(inv_a > 1.0 / _EXTREME_A[dtype]).squeeze(1)
+            ext_y = ext_x if same else torch.nonzero(inv_b > 1.0 / _EXTREME_A[dtype]).squeeze(1)
+            ext_x = ext_x if ext_x.numel() else None
+            ext_y = ext_y if ext_y.numel() else None
+            gram = _gram_W if ext_x is None and ext_y is None else functools.partial(
+                _gram_regular, ext_x=ext_x, ext_y=ext_y)
+            W, bound = gram(x, y, x2, inv_a, y2, inv_b, cf, dtype)
             rows, cols = _close_pairs(W, bound, same)
             if dtype == torch.float32 and rows.numel() > _MAX_CLOSE_FRACTION * W.numel():
-                W64, bound64 = _gram_W(x, y, x2, inv_a, y2, inv_b, cf, torch.float64)
+                W64, bound64 = gram(x, y, x2, inv_a, y2, inv_b, cf, torch.float64)
                 rows, cols = _close_pairs(W64, bound64, same)
                 W = W64.to(dtype)
+            n_gram_close = rows.numel()
+            if ext_x is not None or ext_y is not None:
+                ext_rows, ext_cols = _extreme_pairs(x.shape[0], y.shape[0], ext_x, ext_y, same, x.device)
+                rows, cols = torch.cat([rows, ext_rows]), torch.cat([cols, ext_cols])
             if rows.numel():
-                w_close = ((cf * inv_a[rows] * inv_b[cols]).to(dtype)) * _explicit_sq_diff(x, y, rows, cols)
-                W[rows, cols] = 2.0 * w_close
+                # float64: w of a pair with a floored denominator can exceed float32's range
+                w_close = (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
+                W[rows, cols] = (2.0 * w_close).to(dtype)
             else:
-                w_close = W.new_zeros(0)
+                w_close = x2.new_zeros(0)
             # S = sqrt(W + W²/2) = sqrt2·sqrt(w(1+w)); D = log1p(W + sqrt2·S)/sqrt(c). In place;
             # finite and exactly 0 at W = 0 (no rsqrt, whose Inf at 0 would need patching).
             S = torch.addcmul(W, W, W, value=0.5).sqrt_()
             d = _log1p_(W.add_(S, alpha=_SQRT2))
             if cf != 1.0:
                 d.mul_(1.0 / math.sqrt(cf))
+            if rows.numel() > n_gram_close:  # extreme pairs: D in float64 (their W may overflow)
+                w_ext = w_close[n_gram_close:]
+                d[rows[n_gram_close:], cols[n_gram_close:]] = (
+                    (2.0 / math.sqrt(cf)) * torch.asinh(w_ext.sqrt())).to(dtype)
         ctx.save_for_backward(x, y, c, S, d if ctx.needs_input_grad[2] else None, rows, cols, w_close,
                               x2, inv_a, y2, inv_b)
         return d
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor):
         x, y, c, S, d, rows, cols, w_close, x2, inv_a, y2, inv_b = ctx.saved_tensors
         need_x, need_y, need_c = ctx.needs_input_grad
         if S.numel() == 0:
             return (torch.zeros_like(x) if need_x else None, torch.zeros_like(y) if need_y else None,
                     torch.zeros_like(c) if need_c else None)
+        if torch.is_grad_enabled():  # create_graph=True (a gradient penalty): differentiable path
+            return PoincarePairwiseDist._backward_create_graph(ctx, grad, x, y, c, rows, cols)
+        with torch.no_grad():
+            return PoincarePairwiseDist._backward_closed_form(ctx, grad, x, y, c, S, d, rows, cols, w_close,
+                                                              x2, inv_a, y2, inv_b)
+
+    @staticmethod
+    def _backward_create_graph(ctx, grad, x, y, c, rows, cols):
+        need_x, need_y, need_c = ctx.needs_input_grad
+        combined = ctx.same_object and need_x and need_y
+        d = _composite_dist(x, x if ctx.same_object else y, c, rows, cols, ctx.same)
+        wanted = [(x, need_x), (y, need_y and not combined), (c, need_c)]
+        targets = [t for t, need in wanted if need]
+        grads = iter(torch.autograd.grad(d, targets, grad.to(d.dtype), create_graph=True, allow_unused=True))
+        out = [next(grads) if need else None for _, need in wanted]
+        out = [torch.zeros_like(t) if need and g is None else g for (t, need), g in zip(wanted, out)]
+        return tuple(out)
+
+    @staticmethod
+    def _backward_closed_form(ctx, grad, x, y, c, S, d, rows, cols, w_close, x2, inv_a, y2, inv_b):
+        need_x, need_y, need_c = ctx.needs_input_grad
         dtype = S.dtype
         combined = ctx.same_object and need_x and need_y
         with torch.autocast(device_type=x.device.type, enabled=False):
@@ -218,9 +330,14 @@ class PoincarePairwiseDist(torch.autograd.Function):
             if n_close:
                 u_close = grad[rows, cols]
                 E[rows, cols] = 0
-                F_close = u_close * torch.sqrt(w_close / (1 + w_close))  # true scale
-                ab = (inv_a[rows] * inv_b[cols]).to(dtype).reciprocal()
-                coef = 2 * u_close / torch.sqrt(ab * (1 + w_close))
+                u64 = u_close.double()
+                F64 = u64 * torch.sqrt(w_close / (1 + w_close))  # true scale
+                F_close = F64.to(dtype)
+                # a point whose denominator is floored (on/outside the boundary) has a constant a:
+                # no F term for it (its 1/a = 2^60 exactly; an unfloored one is at most 2^53)
+                F_row_close = torch.where(inv_a[rows] < 2.0 ** 60, F64, 0.0).to(dtype)
+                F_col_close = torch.where(inv_b[cols] < 2.0 ** 60, F64, 0.0).to(dtype)
+                coef = (2 * u64 / torch.sqrt((1 + w_close) / (inv_a[rows] * inv_b[cols]))).to(dtype)
                 diff = x[rows] - y[cols]
                 norm = torch.linalg.vector_norm(diff, dim=1)
                 # x_i = y_j: the direction is undefined, the (sub)gradient is 0.
@@ -240,8 +357,10 @@ class PoincarePairwiseDist(torch.autograd.Function):
                 A = _augmented(x, x2, inv_a, dtype)
                 Z = torch.addmm(E.T @ A, E, A) if E.numel() >= (1 << 22) else torch.add(E, E.T) @ A
                 both_F = _SQRT2 * _folded_F(Z, x, x2d, p)
+                if need_c:
+                    total_F = both_F.double().sum() / 2 + (F_close.double().sum() if n_close else 0.0)
                 if n_close:
-                    both_F.index_add_(0, rows, F_close).index_add_(0, cols, F_close)
+                    both_F.index_add_(0, rows, F_row_close).index_add_(0, cols, F_col_close)
                 scale = (2.0 * sqrt_c * _SQRT2) * inv_a.to(dtype)
                 gx = scale[:, None] * (x * (Z[:, dim] + both_F / _SQRT2)[:, None] - Z[:, :dim])
                 if n_close:
@@ -251,8 +370,10 @@ class PoincarePairwiseDist(torch.autograd.Function):
                 if need_x or need_c:
                     R = E @ _augmented(y, y2, inv_b, dtype)
                     row_F = _SQRT2 * _folded_F(R, x, x2d, p)
+                    if need_c:
+                        total_F = row_F.double().sum() + (F_close.double().sum() if n_close else 0.0)
                     if n_close:
-                        row_F.index_add_(0, rows, F_close)
+                        row_F.index_add_(0, rows, F_row_close)
                     if need_x:
                         scale = (2.0 * sqrt_c * _SQRT2) * inv_a.to(dtype)
                         gx = scale[:, None] * (x * (R[:, dim] + row_F / _SQRT2)[:, None] - R[:, :dim])
@@ -262,7 +383,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
                     C = E.T @ _augmented(x, x2, inv_a, dtype)
                     col_F = _SQRT2 * _folded_F(C, y, y2d, q_c)
                     if n_close:
-                        col_F.index_add_(0, cols, F_close)
+                        col_F.index_add_(0, cols, F_col_close)
                     if need_y:
                         scale = (2.0 * sqrt_c * _SQRT2) * inv_b.to(dtype)
                         gy = scale[:, None] * (y * (C[:, dim] + col_F / _SQRT2)[:, None] - C[:, :dim])
@@ -270,11 +391,10 @@ class PoincarePairwiseDist(torch.autograd.Function):
                             gy.index_add_(0, cols, -explicit)
             if need_c:
                 # Σ U ∂D/∂c = −Σ U D/(2c) + (1/√c)[Σ F/c + Σ_i ‖x_i‖²/a_i F_i· + Σ_j ‖y_j‖²/b_j F_·j]
+                # (total_F, the sum of all F, was taken before the floored points' F were dropped)
                 if combined:  # both_F = row sums + column sums of F (x = y)
-                    total_F = both_F.double().sum() / 2
                     weighted = (x2 * inv_a * both_F.double()).sum()
                 else:
-                    total_F = row_F.double().sum()
                     weighted = (x2 * inv_a * row_F.double()).sum() + (y2 * inv_b * col_F.double()).sum()
                 total = -torch.vdot(grad.reshape(-1), d.reshape(-1)).double() / (2 * cf) + (
                     total_F / cf + weighted) / sqrt_c

@@ -68,17 +68,20 @@ def clip_tangent(v: Tensor, clip_r: float | None, mode: str | None = "hard") -> 
     """
     if mode is None or clip_r is None:
         return v
-    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    if mode not in ("hard", "tanh"):
+        raise ValueError(f"clip must be one of {CLIP_MODES}, got {mode!r}")
+    # The norm and the factor in float64 (scaled for huge float64 inputs): a float32 norm overflows
+    # to inf from ~1.8e19 on, and the factor r/inf = 0 sent such vectors to the origin.
+    norm = pb._wide_norm(v, huge=True)
     if mode == "hard":
-        return v * torch.clamp(clip_r / norm.clamp_min(torch.finfo(v.dtype).tiny), max=1.0)
-    if mode == "tanh":
+        factor = torch.clamp(clip_r / norm.clamp_min(torch.finfo(norm.dtype).tiny), max=1.0)
+    else:
         u = norm / clip_r
         # tanh(u)/u → 1 as u → 0; the series keeps it exact (and differentiable) for tiny norms
         small = u < 1e-4
         u_safe = torch.where(small, torch.ones_like(u), u)
         factor = torch.where(small, 1.0 - u * u / 3.0, torch.tanh(u_safe) / u_safe)
-        return v * factor
-    raise ValueError(f"clip must be one of {CLIP_MODES}, got {mode!r}")
+    return v * factor.to(v.dtype)
 
 
 class PoincareGeometry(PoincareBall):

@@ -11,9 +11,15 @@ uses. To get exactly c = 1 from hypll write ``Curvature(1.0, constraining_strate
 or pass the float ``1.0`` here.
 
 Numerics: half-precision inputs (and inputs under ``torch.autocast``) are computed in float32 and
-returned in float32; float64 stays float64. Points on or outside the ball are projected by
-:func:`project` in the public classes; these kernels clamp the conformal denominators so that
-they never divide by zero.
+returned in float32; float64 stays float64. The per-row scalar factors (‖x‖², the conformal
+denominators 1 − c‖x‖², tanh/artanh factors) and the curvature are evaluated in float64 even for
+float32 tensors: a Python ``c`` is never rounded to float32 (c = 0.1 rounded cost up to 1e-3
+relative near the boundary), and 1 − c‖x‖² does not lose digits to a float32 ‖x‖².
+
+Points on or outside the ball are projected by :func:`project` in the public classes. The kernels
+themselves floor 1 − c‖x‖² at 2⁻⁶⁰ (``DENOM_FLOOR``; in float64 it acts exactly on points on or
+outside the boundary): such a point gets large finite distances, never NaN or negative, and it
+does not change any other pair (:func:`pairwise_dist` computes its pairs separately).
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from ._pairwise_dist import poincare_pairwise_dist
+from ._pairwise_dist import DENOM_FLOOR, poincare_pairwise_dist
 
 CurvatureLike = Union[float, Tensor, "torch.nn.Module"]
 
@@ -123,6 +129,38 @@ def _safe_norm(x: Tensor, keepdim: bool = True) -> Tensor:
     return torch.linalg.vector_norm(x, dim=-1, keepdim=keepdim)
 
 
+def _wide_dtype(x: Tensor) -> torch.dtype:
+    """float64 for the scalar (per-row) factors, except where the device has none (MPS)."""
+    return torch.float32 if x.device.type == "mps" else torch.float64
+
+
+def _c_wide(c: CurvatureLike, x: Tensor) -> Tensor:
+    """The curvature as a float64 0-d tensor: a Python c is not rounded to float32 (c = 0.1 in
+    float32 is off by 1.5e-9, which 1 − c‖x‖² amplifies by up to 1/(1 − c‖x‖²) ~ 1e5)."""
+    return as_curvature(c, _wide_dtype(x), x.device)
+
+
+def _wide_norm(x: Tensor, keepdim: bool = True, huge: bool = False) -> Tensor:
+    """‖x‖ in float64 (float32 inputs: exact squares, no cancellation downstream in 1 − c‖x‖²).
+
+    ``huge``: float64 inputs are scaled by their largest entry first, so that norms above
+    ~1e154 (whose squares overflow) stay finite."""
+    wide = _wide_dtype(x)
+    if x.dtype != wide:
+        return torch.linalg.vector_norm(x.to(wide), dim=-1, keepdim=keepdim)
+    if not huge:
+        return torch.linalg.vector_norm(x, dim=-1, keepdim=keepdim)
+    m = x.detach().abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    n = m * torch.linalg.vector_norm(x / m, dim=-1, keepdim=True)
+    return n if keepdim else n.squeeze(-1)
+
+
+def _denominator(c: Tensor, sq_norm: Tensor) -> Tensor:
+    """1 − c‖x‖², floored at ``DENOM_FLOOR`` (2⁻⁶⁰): the same clamping as :func:`pairwise_dist`.
+    In float64 it only acts on points on or outside the boundary."""
+    return (1 - c * sq_norm).clamp_min(DENOM_FLOOR)
+
+
 def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
     r"""Project onto the open ball: :math:`x \cdot \min(1, r_{max}/\|x\|)`,
     :math:`r_{max} = (1-\epsilon)/\sqrt{c}`.
@@ -150,24 +188,21 @@ def expmap0(v: Tensor, c: CurvatureLike) -> Tensor:
     boundary; follow with :func:`project` (as :class:`~pml_hyperbolic.heads.ToPoincare` does).
     """
     v = _upcast(v)
-    sqrt_c = as_curvature(c, v.dtype, v.device).sqrt()
-    u = sqrt_c * _safe_norm(v).clamp_min(torch.finfo(v.dtype).tiny)
-    return v * (torch.tanh(u) / u)
-
-
-def _artanh(u: Tensor) -> Tensor:
-    """artanh(u) = ½·log1p(2u / (1 − u)), clamped below 1 so it never returns Inf."""
-    u = u.clamp(max=1.0 - torch.finfo(u.dtype).eps)
-    return 0.5 * torch.log1p(2.0 * u / (1.0 - u))
+    sqrt_c = _c_wide(c, v).sqrt()
+    # float64 norm: a float32 norm overflows from ~1.8e19 on and sent such v to the origin
+    u = sqrt_c * _wide_norm(v, huge=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return v * (torch.tanh(u) / u).to(v.dtype)
 
 
 def logmap0(y: Tensor, c: CurvatureLike) -> Tensor:
     r"""Logarithmic map at the origin: :math:`\log_0(y) = \operatorname{artanh}(\sqrt{c}\|y\|)\,
     \frac{y}{\sqrt{c}\|y\|}`; the inverse of :func:`expmap0` inside the ball."""
     y = _upcast(y)
-    sqrt_c = as_curvature(c, y.dtype, y.device).sqrt()
-    u = sqrt_c * _safe_norm(y).clamp_min(torch.finfo(y.dtype).tiny)
-    return y * (_artanh(u) / u)
+    c = _c_wide(c, y)
+    norm = _wide_norm(y)
+    u = c.sqrt() * norm.clamp_min(torch.finfo(norm.dtype).tiny)
+    # artanh(u) = arsinh(u/sqrt(1 - u²)) with 1 - u² = 1 - c‖y‖² from the float64 norm
+    return y * (torch.asinh(u / _denominator(c, norm * norm).sqrt()) / u).to(y.dtype)
 
 
 def mobius_add(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
@@ -213,12 +248,15 @@ def dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     has a zero (not NaN) gradient at ``x = y``.
     """
     x, y = _upcast(x), _upcast(y)
-    c = as_curvature(c, x.dtype, x.device)
+    out_dtype = torch.promote_types(x.dtype, y.dtype)
+    c = _c_wide(c, x)
     diff_norm = _safe_norm(x - y, keepdim=False)
-    tiny = torch.finfo(x.dtype).tiny
-    a = (1 - c * _sq_norm(x, keepdim=False)).clamp_min(tiny)
-    b = (1 - c * _sq_norm(y, keepdim=False)).clamp_min(tiny)
-    return (2 / c.sqrt()) * torch.asinh(c.sqrt() * diff_norm / torch.sqrt(a * b))
+    # the conformal denominators in float64: 1 − c‖x‖² from a float32 ‖x‖² lost up to 7e-4
+    # relative near the boundary (the fused pairwise_dist never did)
+    a = _denominator(c, _wide_norm(x, keepdim=False) ** 2)
+    b = _denominator(c, _wide_norm(y, keepdim=False) ** 2)
+    arg = diff_norm.to(c.dtype) * (c.sqrt() / torch.sqrt(a * b))
+    return ((2 / c.sqrt()) * torch.asinh(arg)).to(out_dtype)
 
 
 def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
@@ -230,21 +268,27 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     detected and recomputed from explicit differences, so that the result is accurate for every
     pair and the gradient is finite (zero at ``x_i = y_j``). Backward is closed form: two matrix
     products, or one when ``x`` is ``y`` (PML's ``compute_mat(emb, emb)``); the gradient reaches a
-    learnable ``c`` too. See ``_pairwise_dist`` for the algebra. Not twice differentiable.
+    learnable ``c`` too. See ``_pairwise_dist`` for the algebra.
+
+    Twice differentiable: a backward run with ``create_graph=True`` (a gradient penalty) takes a
+    slower composite float64 path whose graph can be differentiated again. Points on or outside
+    the boundary get :func:`dist`'s values (same denominator floor) and leave the other pairs
+    untouched.
     """
     x, y = _upcast(x), _upcast(y)
     if x.dtype != y.dtype:
         x, y = x.double(), y.double()
-    c = as_curvature(c, x.dtype, x.device)
-    return poincare_pairwise_dist(x, y, c)
+    return poincare_pairwise_dist(x, y, _c_wide(c, x))
 
 
 def dist0(x: Tensor, c: CurvatureLike) -> Tensor:
     r"""Distance to the origin: :math:`d_c(0, x) = \frac{2}{\sqrt{c}}\operatorname{artanh}
     (\sqrt{c}\|x\|)` (returns shape ``x.shape[:-1]``)."""
     x = _upcast(x)
-    sqrt_c = as_curvature(c, x.dtype, x.device).sqrt()
-    return (2 / sqrt_c) * _artanh(sqrt_c * _safe_norm(x, keepdim=False))
+    c = _c_wide(c, x)
+    norm = _wide_norm(x, keepdim=False)
+    # = dist(0, x): 2/√c · arsinh(√c‖x‖/sqrt(1 − c‖x‖²)), in float64, same clamping
+    return ((2 / c.sqrt()) * torch.asinh(c.sqrt() * norm / _denominator(c, norm * norm).sqrt())).to(x.dtype)
 
 
 def to_lorentz(x: Tensor, c: CurvatureLike) -> Tensor:
@@ -276,7 +320,22 @@ def lorentz_inner(X: Tensor, Y: Tensor) -> Tensor:
 
 def lorentz_dist(X: Tensor, Y: Tensor, c: CurvatureLike) -> Tensor:
     r"""Hyperboloid distance :math:`d = \frac{1}{\sqrt c}\operatorname{arcosh}(-c\langle X,Y
-    \rangle_L)`, the same value as :func:`dist` on the corresponding ball points."""
-    c = as_curvature(c, X.dtype, X.device)
-    arg = (-c * lorentz_inner(X, Y)).clamp_min(1.0)
-    return torch.acosh(arg) / c.sqrt()
+    \rangle_L)`, the same value as :func:`dist` on the corresponding ball points.
+
+    Evaluated in the stable ball form, not through arcosh (whose argument cancels catastrophically
+    near 1: float32 ``lorentz_dist(X, X)`` was 0.35 at radius 0.999): with
+    :math:`a = 1 - c\|x\|^2 = 2/(1 + \sqrt c X_0)` and :math:`x = X_{1:}\,a/2`,
+    :math:`d = \frac{2}{\sqrt c}\operatorname{arsinh}\big(\sqrt c\|x - y\|/\sqrt{ab}\big)`,
+    computed in float64. ``lorentz_dist(X, X)`` is exactly 0, and the result equals :func:`dist`
+    on ``from_lorentz`` of the inputs up to the rounding of ``X`` itself."""
+    out_dtype = torch.promote_types(_upcast(X).dtype, _upcast(Y).dtype)
+    wide = _wide_dtype(X)
+    X, Y = X.to(wide), Y.to(wide)
+    c = _c_wide(c, X)
+    sqrt_c = c.sqrt()
+    # 1 + √c X0 = 2/a ≥ 2 on the upper sheet; clamped so that an off-sheet input cannot divide by 0
+    ka = (1 + sqrt_c * X[..., :1]).clamp_min(2.0)
+    kb = (1 + sqrt_c * Y[..., :1]).clamp_min(2.0)
+    diff = _safe_norm(X[..., 1:] / ka - Y[..., 1:] / kb, keepdim=False)
+    arg = sqrt_c * diff * torch.sqrt(ka[..., 0] * kb[..., 0] / 4)
+    return ((2 / sqrt_c) * torch.asinh(arg)).to(out_dtype)

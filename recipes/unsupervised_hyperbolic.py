@@ -98,12 +98,12 @@ class UnsupervisedHyperbolic(Recipe):
         """The recipe's pseudo-label policy (built once: it caches feature-based labels)."""
         if getattr(self, "_pseudo_policy", None) is None:
             a = self.args
-            kw = dict(UnsupervisedPseudoLabels.paper(c=self.c).config()) if a.paper_pseudo_labels else {}
+            kw = dict(UnsupervisedPseudoLabels.paper(c=self.geometry).config()) if a.paper_pseudo_labels else {}
             for key, value in (("levels", a.levels), ("linkage", a.linkage), ("source", a.pseudo_source),
                                ("whiten", a.whiten), ("min_cluster_size", a.min_cluster_size)):
                 if value is not None:
                     kw[key] = tuple(value) if key == "levels" else (None if key == "whiten" and value == 0 else value)
-            kw.update(c=self.c, seed=a.seed)
+            kw.update(c=self.geometry, seed=a.seed)
             self._pseudo_policy = UnsupervisedPseudoLabels(**kw)
         return self._pseudo_policy
 
