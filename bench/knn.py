@@ -77,11 +77,6 @@ def brute_force(x, rows, k, c):
     return D.gather(1, order), order
 
 
-def exact_dist(x, rows, idx, c):
-    q = x.double()[rows][:, None, :].expand(-1, idx.shape[1], -1)
-    return pb.dist(q, x.double()[idx], c)
-
-
 class HypllPoincareDistance:
     """PML BaseDistance computing d_c with hypll (pairwise by broadcasting: N×M×D memory)."""
 

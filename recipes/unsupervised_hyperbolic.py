@@ -16,16 +16,10 @@ glyphs (``bench/unsupervised_pseudo_labels.py``); the paper's setting is
 the learned embeddings). With ``--supervised`` the real class labels train the hierarchical-margin
 loss instead. Test labels are used only to report Recall@K.
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-
-from pml_hyperbolic.training import Recipe  # noqa: E402
-from pml_hyperbolic.training.pseudo_labels import (  # noqa: E402
+from pml_hyperbolic.training import Recipe
+from pml_hyperbolic.training.pseudo_labels import (
     DEFAULT_PSEUDO_LEVELS, LINKAGES, PAPER_PSEUDO_LEVELS, SOURCES, PseudoLabelledDataset, UnsupervisedPseudoLabels)
-from pml_hyperbolic.training.runner import compute_embeddings  # noqa: E402
+from pml_hyperbolic.training.runner import compute_embeddings
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}

@@ -282,3 +282,73 @@ def test_flat_index_goes_to_gpu_when_faiss_has_one(monkeypatch):
     assert len(moved) == 1
     HyperbolicIndex(c=0.1, use_gpu=True).add(x)
     assert len(moved) == 2
+
+
+# --- inputs are projected with the margin of their own dtype, as PoincareDistance does -------
+
+
+def _poincare_distance_brute_force(q, r, k, c):
+    """float64 reference through PoincareDistance (projection with the input dtype's margin)."""
+    from pml_hyperbolic.distances import PoincareDistance
+
+    D = PoincareDistance(c=c)(q, r)
+    idx = np.broadcast_to(np.arange(r.shape[0]), D.shape)
+    order = torch.from_numpy(np.lexsort((idx, D.numpy()), axis=1)[:, :k])
+    return D.gather(1, order), order
+
+
+def test_near_boundary_float64_ranks_like_poincare_distance():
+    # query at radius 1 - 1e-5; reference 0 on the same ray at 1 - 1e-7, reference 1 at the
+    # query's radius, slightly rotated. The float32 margin (1e-5) used to move reference 0 onto
+    # the query (distance 0.0, ranked first); PoincareDistance gives [4.605, 0.1997].
+    from pml_hyperbolic.distances import PoincareDistance
+
+    r, theta = 1 - 1e-5, 2e-6
+    q = torch.tensor([[r, 0.0]], dtype=torch.float64)
+    ref = torch.tensor([[1 - 1e-7, 0.0], [r * np.cos(theta), r * np.sin(theta)]], dtype=torch.float64)
+    want = PoincareDistance(c=1.0)(q, ref)[0]
+    assert want[0] > 4.6 and 0.19 < want[1] < 0.21
+    for knn_out in (HyperbolicKNN(c=1.0)(q, 2, ref, False),
+                    HyperbolicIndex(c=1.0).add(ref).search(q, 2)):
+        d, i = knn_out
+        assert i.tolist() == [[1, 0]]
+        torch.testing.assert_close(d[0], want[[1, 0]], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_output_dtype_follows_the_input(dtype):
+    x = ball_points(60, 5, 0.5, 0.9, seed=7).to(dtype)
+    for d, _ in (HyperbolicKNN(c=0.5)(x, 3, x, True),
+                 HyperbolicKNN(c=0.5, exact_ranks=(1, 2))(x, 3, x, True),
+                 HyperbolicKNN(c=0.5, kind="hnsw")(x, 3, x, True),
+                 HyperbolicIndex(c=0.5).add(x).search(x[:7], 3)):
+        assert d.dtype == dtype
+    d, _ = HyperbolicIndex(c=0.5).add(x.float()).search(x[:7].double(), 3)
+    assert d.dtype == torch.float64  # mixed: the wider dtype
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(5, 120), dim=st.sampled_from([2, 3, 8]), c=st.sampled_from([0.1, 1.0, 2.0]),
+       lo=st.floats(2.0, 6.0), spread=st.floats(0.0, 4.0), kfrac=st.floats(0.0, 0.9),
+       use_ranks=st.booleans(), seed=st.integers(0, 10_000))
+def test_property_near_boundary_float64_equals_poincare_distance(n, dim, c, lo, spread, kfrac,
+                                                                  use_ranks, seed):
+    # float64 points at sqrt(c)|x| = 1 - 10^-u, u in [lo, lo + spread] (up to 1 - 1e-10), in a
+    # few narrow cones so that close neighbours exist near the boundary
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(3, dim, generator=g, dtype=torch.float64)
+    v = centres[torch.randint(0, 3, (n,), generator=g)] + 1e-3 * torch.randn(n, dim, generator=g,
+                                                                              dtype=torch.float64)
+    u = lo + spread * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    x = v / v.norm(dim=1, keepdim=True) * (1 - 10.0 ** -u) / c ** 0.5
+    k = max(1, min(n - 1, int(kfrac * n)))
+    ranks = tuple(sorted({1, max(1, k // 2)})) if use_ranks else None
+    d, i = HyperbolicKNN(c=c, exact_ranks=ranks)(x, k, x, False)
+    bd, bi = _poincare_distance_brute_force(x, x, k, c)
+    if ranks is None:
+        assert torch.equal(i, bi)
+    else:
+        for K in ranks + (k,):
+            assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
+    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+    assert d.dtype == torch.float64

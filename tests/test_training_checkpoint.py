@@ -76,3 +76,25 @@ def test_checkpoint_without_digest_still_loads(tmp_path):
     path = tmp_path / "old.pt"
     torch.save({"v": 7}, path)  # written before digests existed
     assert read_checkpoint(str(path)) == {"v": 7}
+
+
+def test_disk_full_is_one_clear_error_and_the_old_checkpoint_survives(tmp_path, monkeypatch):
+    import errno
+
+    manager = CheckpointManager(str(tmp_path), {})
+    atomic_torch_save({"epoch": 1}, manager.last_path)
+
+    class Trainer:
+        pass
+
+    monkeypatch.setattr(manager, "state", lambda *a: {"epoch": 2})
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(ConfigError, match="cannot write checkpoint .*No space left on device.*intact"):
+        manager.save(Trainer(), 2, {}, [], is_best=False)
+    monkeypatch.undo()
+    assert read_checkpoint(manager.last_path) == {"epoch": 1}
+    assert os.listdir(tmp_path) == ["last.pt"]

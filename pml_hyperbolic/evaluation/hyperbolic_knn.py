@@ -11,8 +11,11 @@ class HyperbolicKNN:
 
     ``knn(query, k, reference=None, ref_includes_query=False) -> (distances, indices)``, both
     ``len(query) × k``, ascending distance (ties: smaller reference index first), on the query's
-    device. With ``ref_includes_query=True`` (PML's convention: ``reference[:len(query)]`` is the
-    query) query i never gets reference i as a neighbour. Plug into PML with
+    device; float64 distances for float64 input (float32 otherwise). Inputs are projected with the
+    boundary margin of their own dtype, as :class:`~pml_hyperbolic.distances.PoincareDistance`
+    does, so the neighbours are those of a float64 brute force with it. With
+    ``ref_includes_query=True`` (PML's convention: ``reference[:len(query)]`` is the query) query i
+    never gets reference i as a neighbour. Plug into PML with
     ``AccuracyCalculator(knn_func=HyperbolicKNN(c=0.1))``.
 
     Args:

@@ -155,9 +155,13 @@ class CheckpointManager:
         if not self.enabled:
             return
         state = self.state(trainer, epoch, best, history)
-        atomic_torch_save(state, self.last_path)
-        if is_best:
-            atomic_torch_save(state, self.best_path)
+        for path in [self.last_path] + ([self.best_path] if is_best else []):
+            try:
+                atomic_torch_save(state, path)
+            except OSError as err:  # disk full, quota, permissions: one clear line, the old file survives
+                raise ConfigError(f"cannot write checkpoint {path}: {err.strerror or err}. The previous checkpoint "
+                                  f"there is intact (--resume continues from epoch {epoch - 1}); free space or "
+                                  "choose another --output-dir.") from err
 
     def resolve(self, resume: Optional[str]) -> Optional[str]:
         if resume is None:
