@@ -204,6 +204,8 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """As PML's forward, but ``labels``/``ref_labels`` may be (N, K) hierarchical labels."""
+        if labels is not None:
+            self._as_levels(labels, embeddings.shape[0], "labels")  # one clear error for float/bool labels
         if labels is None or (labels.ndim == 1 and (ref_labels is None or ref_labels.ndim == 1)):
             return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)  # flat: PML's
         self.reset_stats()
