@@ -35,6 +35,12 @@ BATCH, PER_CLASS = 900, 9  # 100 classes x 9 samples
 ALL_TRIPLETS = BATCH * (PER_CLASS - 1) * (BATCH - PER_CLASS)  # anchor x positive x negative
 
 
+def _learnable_geometry():
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    return PoincareGeometry(c=0.1, learnable_c=True)
+
+
 def make(name):
     from pytorch_metric_learning.distances import CosineSimilarity
     from pytorch_metric_learning.losses import SupConLoss, TripletMarginLoss
@@ -53,6 +59,11 @@ def make(name):
         "HierarchicalLogRatioLoss (1-D labels)": lambda: L.HierarchicalLogRatioLoss(),
         "HierarchicalLogRatioLoss (N x 2 labels)": lambda: L.HierarchicalLogRatioLoss(),
         "HierarchicalMarginLoss": lambda: L.HierarchicalMarginLoss(num_classes=100),
+        "HierarchicalMarginLoss(margin_form='contrastive') [paper]":
+            lambda: L.HierarchicalMarginLoss(num_classes=100, margin_form="contrastive", gamma=0.1),
+        "HIERLoss (512 proxies, 8192 + 8192 triplets)": lambda: L.HIERLoss(embedding_size=128),
+        "PairwiseCrossEntropyLoss(PoincareDistance(PoincareGeometry(learnable c)))":
+            lambda: L.PairwiseCrossEntropyLoss(distance=PoincareDistance(c=_learnable_geometry())),
         "[ref] PML TripletMarginLoss(PoincareDistance), all triplets":
             lambda: TripletMarginLoss(distance=PoincareDistance(c=0.1)),
     }
