@@ -127,7 +127,9 @@ def gromov_delta(
         dtype: dtype of the (max, min) product; float32 is ~2× faster, exact up to the rounding of
             the Gromov products (relative 1e-7).
     Returns:
-        δ ≥ 0 as a float. O(n²) memory, O(n³) time.
+        δ ≥ 0 as a float. O(n²) memory, O(n³) time. Sets of at most 3 points are 0-hyperbolic (any
+        3-point metric space embeds in a tree), so they return exactly 0.0; for a *relative* δ of a
+        degenerate set see :func:`relative_delta`, which refuses coincident points.
     """
     D = _distance_matrix(embeddings, distances, metric, c)
     return _delta_from_distances(D, int(base), dtype, int(block_rows), int(block_cols))
