@@ -11,7 +11,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
-from ..miners._mining_utils import self_match_mask
+from .._batch_utils import self_match_mask
 from ._common import check_labels, check_nonnegative, check_positive
 
 _POSITIVES = ("labels", "labels+mutual_nn")

@@ -10,7 +10,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..distances import PoincareDistance
-from ..miners.hierarchy import pairwise_first_shared_level
+from ..hierarchy_levels import pairwise_first_shared_level
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_positive, sub_loss_reducer_type
 

@@ -8,8 +8,8 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
-from ..miners._mining_utils import self_match_mask
-from ..miners.hierarchy import pairwise_first_shared_level
+from .._batch_utils import self_match_mask
+from ..hierarchy_levels import pairwise_first_shared_level
 
 
 MARGIN_FORMS = ("triplet", "contrastive")

@@ -6,7 +6,7 @@ from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._mining_utils import (
+from .._batch_utils import (
     check_positive_number,
     check_threshold,
     check_top_k,

@@ -9,9 +9,9 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._mining_utils import self_match_mask
+from .._batch_utils import self_match_mask
 from .hierarchical_pseudo_labeler import HierarchicalPseudoLabeler
-from .hierarchy import as_hierarchical_labels, pairwise_first_shared_level
+from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
 
 
 class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):

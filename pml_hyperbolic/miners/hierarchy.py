@@ -1,4 +1,5 @@
-r"""Hierarchical labels: the shared similarity-level helper and average-linkage utilities.
+r"""Average-linkage utilities of the pseudo-labeller, and (re-exported from
+:mod:`pml_hyperbolic.hierarchy_levels`) the similarity-level helper.
 
 Convention used across the package (labels N × K, column k = cluster id at level k, **finest
 first**): the similarity level of two samples is
@@ -15,8 +16,8 @@ the miner (:class:`HierarchicalSimilarityMiner`) both use :func:`first_shared_le
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch import Tensor
+
+from ..hierarchy_levels import as_hierarchical_labels, first_shared_level, pairwise_first_shared_level
 
 __all__ = [
     "as_hierarchical_labels",
@@ -26,62 +27,6 @@ __all__ = [
     "linkage_to_merges",
     "cut_merges",
 ]
-
-
-def as_hierarchical_labels(labels: Tensor, name: str = "labels") -> Tensor:
-    """Return ``labels`` as an N × K integer tensor (1-D labels become K = 1).
-
-    Raises ``ValueError`` naming ``name`` for 0-d or ≥ 3-d input, K = 0, or a float dtype.
-    """
-    if not isinstance(labels, Tensor):
-        labels = torch.as_tensor(labels)
-    if labels.is_floating_point() or labels.is_complex():
-        raise ValueError(f"{name} must be an integer tensor, got dtype {labels.dtype}")
-    if labels.ndim == 1:
-        return labels[:, None]
-    if labels.ndim != 2 or labels.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (N,) or (N, K) with K >= 1, got {tuple(labels.shape)}")
-    return labels
-
-
-def first_shared_level(hier_labels_i: Tensor, hier_labels_j: Tensor) -> Tensor:
-    """Similarity level s of row-aligned (broadcastable) hierarchical labels ``(..., K)``.
-
-    Returns int64 ``(...)`` with values in 1..K+1: 1 + the first (finest-first) level at which
-    the two label rows agree, K + 1 if they agree at no level. The last dimension is always the
-    level axis (flat labels need a trailing ``[..., None]``; :func:`pairwise_first_shared_level`
-    accepts 1-D labels directly).
-    """
-    if hier_labels_i.shape[-1] != hier_labels_j.shape[-1]:
-        raise ValueError(
-            "hier_labels_i and hier_labels_j must have the same number of levels K, got "
-            f"{hier_labels_i.shape[-1]} and {hier_labels_j.shape[-1]}"
-        )
-    k = hier_labels_i.shape[-1]
-    equal = hier_labels_i == hier_labels_j
-    shared = equal.any(dim=-1)
-    first = equal.to(torch.uint8).argmax(dim=-1)  # first True along the levels
-    return torch.where(shared, first + 1, torch.full_like(first, k + 1)).long()
-
-
-def pairwise_first_shared_level(hier_labels: Tensor, ref_hier_labels: Tensor | None = None) -> Tensor:
-    """N × M matrix of similarity levels s (see module doc) between all rows of two label sets.
-
-    Accepts N × K / M × K (or 1-D, K = 1) labels. Memory O(NM): levels are processed from the
-    coarsest to the finest, each overwriting the pairs it joins, so no N × M × K tensor is built.
-    """
-    h = as_hierarchical_labels(hier_labels, "hier_labels")
-    r = h if ref_hier_labels is None else as_hierarchical_labels(ref_hier_labels, "ref_hier_labels")
-    if h.shape[1] != r.shape[1]:
-        raise ValueError(
-            f"hier_labels and ref_hier_labels must have the same number of levels, got {h.shape[1]} and {r.shape[1]}"
-        )
-    r = r.to(h.device)
-    k = h.shape[1]
-    s = torch.full((h.shape[0], r.shape[0]), k + 1, dtype=torch.long, device=h.device)
-    for level in range(k - 1, -1, -1):
-        s.masked_fill_(h[:, level, None] == r[None, :, level], level + 1)
-    return s
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._mining_utils import join_pairs_to_triplets
+from .._batch_utils import join_pairs_to_triplets
 from .hard_negative_probability_miner import HardNegativeProbabilityMiner
 
 

@@ -1,4 +1,4 @@
-"""Small helpers shared by the miners (private)."""
+"""Small helpers shared by the losses and the miners (private; below both)."""
 from __future__ import annotations
 
 import numbers
