@@ -20,5 +20,6 @@ class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
     @staticmethod
     def supported_losses():
         # HypMix maps one Euclidean output to both geometries: a memory of those outputs is a valid
-        # reference set (unlike HCL's queue of ball keys, which is why it is not in the shared list)
+        # reference set (unlike HCL's queue of ball keys, training.hcl_trainer.KeyQueue, which is why
+        # it is not in the shared list)
         return _PMLCrossBatchMemory.supported_losses() + list(REFERENCE_SET_LOSSES) + ["HypMixLoss"]

@@ -18,22 +18,20 @@ import copy
 import torch
 from pytorch_metric_learning.losses import CrossBatchMemory
 
+from ..losses import HyperbolicCrossBatchMemory
 from ..losses._common import REFERENCE_SET_LOSSES
 from .checkpoint import unwrap
 from .trainer import HyperbolicTrainer
 
 
-class KeyQueue(CrossBatchMemory):
-    """``CrossBatchMemory`` that also accepts this package's losses computed against a reference
-    set (PML checks the wrapped loss against a list of names of its own losses)."""
+class KeyQueue(HyperbolicCrossBatchMemory):
+    """The package's one cross-batch memory (:class:`~pml_hyperbolic.losses.HyperbolicCrossBatchMemory`)
+    used as HCL's key queue: it adds the queue position to the checkpoint, and does not accept
+    ``HypMixLoss`` (its queue holds ball keys, while HypMix maps one Euclidean output to both geometries)."""
 
-    # losses of pml_hyperbolic that take ref_emb / ref_labels and compare queries with them only
-    REF_EMB_LOSSES = REFERENCE_SET_LOSSES
-
-    @classmethod
-    def check_loss_support(cls, loss_name):
-        if loss_name not in cls.REF_EMB_LOSSES:
-            super().check_loss_support(loss_name)
+    @staticmethod
+    def supported_losses():
+        return CrossBatchMemory.supported_losses() + list(REFERENCE_SET_LOSSES)
 
     def queue_state(self) -> dict:
         return {"queue_idx": int(self.queue_idx), "has_been_filled": bool(self.has_been_filled)}
