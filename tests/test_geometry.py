@@ -111,9 +111,9 @@ def test_one_learnable_curvature_travels_through_head_distance_loss_and_uncertai
         loss.backward()
         assert g.c.value.grad is not None and g.c.value.grad != 0
         opt.step()
-        seen.append(float(g.curvature()))
+        seen.append(float(g.curvature().detach()))
         # every consumer reads the current value
-        assert float(distance.c) == pytest.approx(seen[-1]) and float(head.c) == pytest.approx(seen[-1])
+        assert float(distance.c.detach()) == pytest.approx(seen[-1]) and float(head.c.detach()) == pytest.approx(seen[-1])
     assert len(set(seen)) == len(seen)
     emb = head(x).detach()
     u_geo = hyperbolic_uncertainty(emb, c=g, clip_r=2.3)
@@ -197,3 +197,20 @@ def test_uncertainty_reads_the_clip_radius_of_the_geometry():
     u = hyperbolic_uncertainty(g.to_ball(v), c=g)
     assert torch.allclose(u, torch.tensor([0.5, 0.0], dtype=torch.float64), atol=1e-9)
     assert torch.allclose(hyperbolic_uncertainty(g.to_ball(v), c=0.1, clip_r=1.5), u)
+
+
+def test_knn_reads_a_shared_learnable_curvature_at_every_search():
+    from pml_hyperbolic.evaluation import HyperbolicKNN, RecallAtKAccuracyCalculator
+
+    g = PoincareGeometry(c=0.1, learnable_c=True)
+    knn = HyperbolicKNN(c=g)
+    x = g.to_ball(0.3 * torch.randn(12, 4, generator=torch.Generator().manual_seed(0)))  # inside both balls
+    d_before, _ = knn(x.detach(), 2)
+    with torch.no_grad():
+        g.c.value.fill_(math.log(0.5))  # an optimiser step on the shared curvature
+    assert knn.c == pytest.approx(0.5)
+    d_after, idx = knn(x.detach(), 2)
+    expect = pb.pairwise_dist(x.detach().double(), x.detach().double(), 0.5)
+    assert torch.allclose(d_after.double(), expect.gather(1, idx), rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(d_before, d_after)
+    assert RecallAtKAccuracyCalculator(c=g).c is g

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import poincare_ball as pb
 from .hyperbolic_index import HyperbolicIndex
 
 
@@ -19,7 +20,8 @@ class HyperbolicKNN:
     ``AccuracyCalculator(knn_func=HyperbolicKNN(c=0.1))``.
 
     Args:
-        c: curvature magnitude.
+        c: curvature magnitude (float, tensor, hypll object or a
+            :class:`~pml_hyperbolic.geometry.PoincareGeometry`, read at every search).
         **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
             index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
     """
@@ -27,7 +29,13 @@ class HyperbolicKNN:
     def __init__(self, c: float = 0.1, **index_kwargs):
         self.index_kwargs = dict(index_kwargs)
         # build one index now so that bad arguments fail here, not at the first evaluation
-        self.c = HyperbolicIndex(c=c, **self.index_kwargs).c
+        HyperbolicIndex(c=c, **self.index_kwargs)
+        self._c = c  # kept as given: a shared (learnable) PoincareGeometry is read at every search
+
+    @property
+    def c(self) -> float:
+        """The current curvature magnitude (read from the geometry / tensor given at construction)."""
+        return float(pb.as_curvature(self._c, torch.float64).detach())
 
     def __call__(self, query, k, reference=None, ref_includes_query=False):
         if reference is None:
