@@ -327,7 +327,7 @@ class Recipe:
             table = plot_uncertainty_vs_recall(embeddings, labels, unc, c=self.geometry,
                                                reference_embeddings=reference_embeddings,
                                                reference_labels=reference_labels,
-                                               title=f"Recall@1 per uncertainty bin ({protocol})",
+                                               title=f"Recall@1 per uncertainty bin\n({protocol})",
                                                n_bins=5,  # quintiles: ~±3 points of noise per bin at 1,000 queries
                                                **({"clip_r": clip} if clip is not None else {}))
         if len(table) == 1:
