@@ -183,12 +183,47 @@ def bench_size(n: int, dim: int, repeats: int, slow_repeats: int, memory: bool):
     return med
 
 
+def log1p_from_log_(u: torch.Tensor, block_elements: int = 1 << 16) -> torch.Tensor:
+    """In-place log1p(u), u >= 0, as u·log(v)/(v − 1) with v = 1 + u rounded (Goldberg's form), in row
+    blocks: the kernel's choice before 2026-11-25, when aten's CPU log1p measured as a scalar loop."""
+    rows = max(1, block_elements // max(1, u.shape[-1]))
+    for start in range(0, u.shape[0], rows):
+        blk = u[start:start + rows]
+        v = blk + 1.0
+        den = v - 1.0  # before v is overwritten by its log
+        blk.mul_(torch.nan_to_num_(v.log_().div_(den), nan=1.0))
+    return u
+
+
+def compare_log1p(repeats: int) -> None:
+    """Which in-place log1p is fastest (and most accurate) on the installed torch: the kernel uses aten's."""
+    print("\nlog1p on the kernel's elementwise tail (u = W + √2·S >= 0), 1-thread medians:")
+    print("| n × n | aten log1p_ ms | log-based ms | ratio | max rel err aten | max rel err log-based |")
+    print("|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(0)
+    for n in (900, 4096):
+        u = torch.rand(n, n, generator=g) * 3
+        ref = u.double().log1p()
+        times = {"aten": [], "log": []}
+        for _ in range(repeats):
+            for name, fn in (("aten", lambda t: t.log1p_()), ("log", log1p_from_log_)):
+                t = u.clone()
+                start = time.perf_counter()
+                fn(t)
+                times[name].append(time.perf_counter() - start)
+        err = {name: float(((fn(u.clone()).double() - ref) / ref.clamp_min(1e-30)).abs().max())
+               for name, fn in (("aten", lambda t: t.log1p_()), ("log", log1p_from_log_))}
+        a, b = statistics.median(times["aten"]), statistics.median(times["log"])
+        print(f"| {n} × {n} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.2f} | {err['aten']:.1e} | {err['log']:.1e} |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only N = M = 900")
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--log1p", action="store_true", help="also compare the kernel's log1p with a log-based form")
     parser.add_argument("--memory-case", nargs=3, metavar=("NAME", "N", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
@@ -203,6 +238,8 @@ def main(argv=None) -> int:
         bench_size(4096, 128, max(5, args.repeats // 6), 2, not args.no_memory)
     ratio = med["pairwise_dist(x, x)"]["fb"] / med["CosineSimilarity"]["fb"]
     print(f"\npairwise_dist fwd+bwd / CosineSimilarity = {ratio:.2f} (target ≤ 1.5)")
+    if args.log1p:
+        compare_log1p(max(5, args.repeats // 4))
     return 0
 
 
