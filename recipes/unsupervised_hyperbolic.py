@@ -18,14 +18,14 @@ loss instead. Test labels are used only to report Recall@K.
 """
 from pml_hyperbolic.training import Recipe
 from pml_hyperbolic.training.pseudo_labels import (
-    DEFAULT_PSEUDO_LEVELS, LINKAGES, PAPER_PSEUDO_LEVELS, SOURCES, PseudoLabelledDataset, UnsupervisedPseudoLabels)
-from pml_hyperbolic.training.runner import compute_embeddings
+    DEFAULT_PSEUDO_LEVELS, LINKAGES, PAPER_PSEUDO_LEVELS, SOURCES, PseudoLabelledDataset, PseudoLabelTraining,
+    UnsupervisedPseudoLabels)
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}
 
 
-class UnsupervisedHyperbolic(Recipe):
+class UnsupervisedHyperbolic(PseudoLabelTraining, Recipe):
     name = "unsupervised_hyperbolic"
     description = __doc__
     real_dataset = "cub200"
@@ -68,26 +68,6 @@ class UnsupervisedHyperbolic(Recipe):
     def train_dataset(self, dataset):
         return dataset if self.args.supervised else PseudoLabelledDataset(dataset)
 
-    def relabel(self, step):
-        """Cluster the current training-set embeddings into the K-level pseudo-labels."""
-        import torch
-
-        if self._labels_step == step:
-            return
-        policy = self.pseudo_labels()
-        emb = feats = None
-        if policy.uses_embeddings():
-            emb = compute_embeddings(self.trunk, self.head, self.train_eval_set, self.device,
-                                     self.args.eval_batch_size)
-        if policy.uses_features():
-            feats = compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
-                                       self.args.eval_batch_size)
-        labels = policy(features=feats, embeddings=emb)
-        self.train_set.set_labels(labels)
-        self._labels_step = step
-        sizes = [int(labels[:, k].max()) + 1 for k in range(labels.shape[1])]
-        self.say(f"[pseudo-labels] step {step}: clusters per level {sizes}")
-
     def pseudo_labels(self):
         """The recipe's pseudo-label policy (built once: it caches feature-based labels)."""
         if getattr(self, "_pseudo_policy", None) is None:
@@ -100,27 +80,6 @@ class UnsupervisedHyperbolic(Recipe):
             kw.update(c=self.geometry, seed=a.seed)
             self._pseudo_policy = UnsupervisedPseudoLabels(**kw)
         return self._pseudo_policy
-
-    def build_sampler(self, labels, per_rank_batch):
-        if self.args.supervised:
-            return super().build_sampler(labels, per_rank_batch)
-        self.relabel(0)
-        self._per_rank_batch = per_rank_batch
-        return super().build_sampler(self.train_set.labels[:, 0], per_rank_batch)
-
-    def trainer_kwargs(self):
-        if self.args.supervised:
-            return {}
-
-        def start_of_epoch(trainer):
-            self.relabel(trainer.global_step)
-            sampler = super(UnsupervisedHyperbolic, self).build_sampler(self.train_set.labels[:, 0],
-                                                                         self._per_rank_batch)
-            sampler.set_epoch(trainer.epoch)
-            trainer.sampler = sampler
-            trainer.initialize_dataloader()
-
-        return {"start_of_epoch_hook": start_of_epoch}
 
     # ---- model / loss ----
     def build_loss(self):

@@ -289,3 +289,56 @@ class UnsupervisedPseudoLabels:
 
         labeler = HierarchicalPseudoLabeler(levels=levels, c=self.c, seed=self.seed)
         return labeler.fit_predict(z).numpy(), tangent
+
+
+class PseudoLabelTraining:
+    """Recipe mixin: the unsupervised re-clustering loop (Yan et al., CVPR'21), kept in the package.
+
+    The recipe provides ``pseudo_labels()`` (its :class:`UnsupervisedPseudoLabels` policy, built from
+    its arguments) and wraps its training set in :class:`PseudoLabelledDataset`; this mixin clusters
+    at step 0 and at the start of every epoch, and rebuilds the class-balanced sampler on the new
+    finest-level labels. With ``args.supervised`` it stays out of the way (real labels).
+    """
+
+    _labels_step = None
+
+    def relabel(self, step):
+        """Cluster the current training-set embeddings into the K-level pseudo-labels."""
+        from .runner import compute_embeddings
+
+        if self._labels_step == step:
+            return
+        policy = self.pseudo_labels()
+        emb = feats = None
+        if policy.uses_embeddings():
+            emb = compute_embeddings(self.trunk, self.head, self.train_eval_set, self.device,
+                                     self.args.eval_batch_size)
+        if policy.uses_features():
+            feats = compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
+                                       self.args.eval_batch_size)
+        labels = policy(features=feats, embeddings=emb)
+        self.train_set.set_labels(labels)
+        self._labels_step = step
+        sizes = [int(labels[:, k].max()) + 1 for k in range(labels.shape[1])]
+        self.say(f"[pseudo-labels] step {step}: clusters per level {sizes}")
+
+    def build_sampler(self, labels, per_rank_batch):
+        if self.args.supervised:
+            return super().build_sampler(labels, per_rank_batch)
+        self.relabel(0)
+        self._per_rank_batch = per_rank_batch
+        return super().build_sampler(self.train_set.labels[:, 0], per_rank_batch)
+
+    def trainer_kwargs(self):
+        if self.args.supervised:
+            return {}
+
+        def start_of_epoch(trainer):
+            self.relabel(trainer.global_step)
+            sampler = super(PseudoLabelTraining, self).build_sampler(self.train_set.labels[:, 0],
+                                                                     self._per_rank_batch)
+            sampler.set_epoch(trainer.epoch)
+            trainer.sampler = sampler
+            trainer.initialize_dataloader()
+
+        return {"start_of_epoch_hook": start_of_epoch}
