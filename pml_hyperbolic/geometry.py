@@ -104,7 +104,7 @@ class PoincareGeometry(PoincareBall):
                  clip_r: float | None = DEFAULT_CLIP_R):
         if isinstance(c, PoincareGeometry):
             raise TypeError("c is already a PoincareGeometry: pass that object itself, not a copy of it")
-        value = float(pb.as_curvature(c, torch.float64))  # ValueError naming c
+        value = float(pb.as_curvature(c, torch.float64).detach())  # ValueError naming c
         if clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
         if clip is not None:

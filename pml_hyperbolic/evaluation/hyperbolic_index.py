@@ -171,7 +171,7 @@ class HyperbolicIndex:
         post_threads: Optional[int] = 1,
         exact_ranks=None,
     ):
-        self.c = float(pb.as_curvature(c, torch.float64))
+        self.c = float(pb.as_curvature(c, torch.float64).detach())
         if exact_ranks is not None:
             ranks = tuple(sorted({int(r) for r in exact_ranks}))
             if not ranks or ranks[0] < 1:

@@ -104,7 +104,7 @@ def plot_poincare_disk(
         colour_ids = lab[:, hierarchy_level]
     else:
         raise ValueError(f"color_by must be 'label' or 'hierarchy', got {color_by!r}")
-    c_val = float(pb.as_curvature(c, torch.float64))
+    c_val = float(pb.as_curvature(c, torch.float64).detach())
     p2 = (tangent_pca_2d(x, c_val) * math.sqrt(c_val)).numpy()
     _, codes = np.unique(colour_ids.numpy(), return_inverse=True)
     colours = group_colours(int(codes.max()) + 1)[codes]
