@@ -317,13 +317,14 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         if level_extra is not None:
             neg_margin = neg_margin + level_extra
         a, p = torch.where(pos)
-        hinge = (mat[a, p].view(-1, 1) - mat[a] + neg_margin[a]).clamp_min(0)  # (P, R)
-        valid = neg[a]
+        # M_n − D_il once on (B, R), non-negatives at −inf (their hinge is then exactly 0 with a zero
+        # gradient): one gather, one add and one clamp per (P, R) element instead of five passes
+        gap = (neg_margin - mat).masked_fill(~neg, float("-inf"))
+        hinge = (mat[a, p].view(-1, 1) + gap[a]).clamp_min_(0)  # (P, R)
         if sub_loss_reducer_type(self, "triplet_loss") is AvgNonZeroReducer:
-            hinge = hinge.masked_fill(~valid, 0.0)
             value = hinge.sum() / torch.count_nonzero(hinge).clamp_min(1).to(hinge.dtype)
             return {"triplet_loss": {"losses": value, "indices": None, "reduction_type": "already_reduced"}}
-        k, n = torch.where(valid)
+        k, n = torch.where(neg[a])
         return {"triplet_loss": {"losses": hinge[k, n], "indices": (a[k], p[k], n), "reduction_type": "triplet"}}
 
     def _dense_avg_non_zero(self, mat, pos, neg, pos_margin, d_ab_pairs):
