@@ -21,19 +21,23 @@ from torch import Tensor
 __all__ = ["as_hierarchical_labels", "first_shared_level", "pairwise_first_shared_level"]
 
 
-def as_hierarchical_labels(labels: Tensor, name: str = "labels") -> Tensor:
-    """Return ``labels`` as an N × K integer tensor (1-D labels become K = 1).
+def as_hierarchical_labels(labels, name: str = "labels", n: int | None = None) -> Tensor:
+    """(N,) or (N, K) integer labels as an (N, K) tensor (a view of 1-D labels as K = 1).
 
-    Raises ``ValueError`` naming ``name`` for 0-d or ≥ 3-d input, K = 0, or a float dtype.
+    Raises ``ValueError`` naming ``name`` for missing labels, a float / complex / bool dtype, 0-d or
+    ≥ 3-d input, K = 0, or (with ``n``) a row count other than ``n``.
     """
+    if labels is None:
+        raise ValueError(f"{name} are required (1-D or N x K hierarchical labels)")
     if not isinstance(labels, Tensor):
         labels = torch.as_tensor(labels)
-    if labels.is_floating_point() or labels.is_complex():
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {labels.dtype}")
     if labels.ndim == 1:
-        return labels[:, None]
-    if labels.ndim != 2 or labels.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (N,) or (N, K) with K >= 1, got {tuple(labels.shape)}")
+        labels = labels[:, None]
+    if labels.ndim != 2 or labels.shape[1] < 1 or (n is not None and labels.shape[0] != n):
+        rows = "N" if n is None else str(n)
+        raise ValueError(f"{name} must have shape ({rows},) or ({rows}, K) with K >= 1, got {tuple(labels.shape)}")
     return labels
 
 

@@ -10,7 +10,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from ..distances import PoincareDistance
-from ..hierarchy_levels import pairwise_first_shared_level
+from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_positive, sub_loss_reducer_type
 
@@ -128,14 +128,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     @staticmethod
     def _as_levels(labels, n, name):
-        if labels is None:
-            raise ValueError(f"{name} are required (1-D or N x K hierarchical labels)")
-        if labels.ndim == 1:
-            labels = labels.view(-1, 1)
-        if labels.ndim != 2 or labels.shape[0] != n or labels.shape[1] < 1:
-            raise ValueError(f"{name} must be 1-D of length {n} or ({n}, K) with K >= 1, "
-                             f"got shape {tuple(labels.shape)}")
-        return labels
+        return as_hierarchical_labels(labels, name, n)
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """As PML's forward, but ``labels``/``ref_labels`` may be (N, K) hierarchical labels."""

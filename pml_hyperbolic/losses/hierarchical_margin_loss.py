@@ -9,7 +9,7 @@ from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
 from .._batch_utils import self_match_mask
-from ..hierarchy_levels import pairwise_first_shared_level
+from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
 
 
 MARGIN_FORMS = ("triplet", "contrastive")
@@ -188,19 +188,7 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     @staticmethod
     def _as_levels(labels, n, name):
-        """(N,) or (N, K) integer labels → (N, K); ValueError naming ``name`` otherwise."""
-        if labels is None:
-            raise ValueError(f"{name} are required (class-mean margins)")
-        if not isinstance(labels, torch.Tensor):
-            labels = torch.as_tensor(labels)
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise ValueError(f"{name} must be an integer tensor, got dtype {labels.dtype}")
-        if labels.ndim == 1:
-            labels = labels.view(-1, 1)
-        if labels.ndim != 2 or labels.shape[0] != n or labels.shape[1] < 1:
-            raise ValueError(f"{name} must be 1-D of length {n} or ({n}, K) with K >= 1, "
-                             f"got shape {tuple(labels.shape)}")
-        return labels
+        return as_hierarchical_labels(labels, name, n)
 
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
         """As PML's forward, but ``labels``/``ref_labels`` may be (N, K) hierarchical labels."""
