@@ -457,6 +457,19 @@ def train_with_labels(cfg, train, tail, head, loss_fn, miner=None, seed=0, steps
     return tail, head
 
 
+def pseudo_label_relabel(train, policy):
+    """``relabel`` callable for :func:`train_with_labels`: ``policy`` (an ``UnsupervisedPseudoLabels``)
+    clusters the clean view's features of the initial tail and/or the current embeddings."""
+    clean = train.acts[:, 0]
+
+    def relabel(tail, head):
+        z = embed(tail, head, clean) if policy.uses_embeddings() else None
+        f = embed(tail, None, clean) if policy.uses_features() else None
+        levels = policy(features=f, embeddings=z)
+        return levels[:, 0], levels
+    return relabel
+
+
 def fresh_tail(bank):
     tail = copy.deepcopy(bank.tail)
     for p in tail.parameters():

@@ -159,15 +159,7 @@ def _hier_relabel(bank, seed):
     the clean views' features of the initial tail, clustered once and reused at every refresh."""
     from pml_hyperbolic.training.pseudo_labels import UnsupervisedPseudoLabels
 
-    policy = UnsupervisedPseudoLabels(c=HYP_C, seed=seed)
-    clean = bank.train.acts[:, 0]
-
-    def relabel(tail, head):
-        z = qc.embed(tail, head, clean) if policy.uses_embeddings() else None
-        f = qc.embed(tail, None, clean) if policy.uses_features() else None
-        levels = policy(features=f, embeddings=z)
-        return levels[:, 0], levels
-    return relabel
+    return qc.pseudo_label_relabel(bank.train, UnsupervisedPseudoLabels(c=HYP_C, seed=seed))
 
 
 def _kmeans_relabel(bank, seed, k=UNSUP_LEVELS[0]):

@@ -84,17 +84,6 @@ SETTINGS = {
 ALWAYS_TEST = ("paper", "previous", "default")
 
 
-def make_relabel(train, policy):
-    clean = train.acts[:, 0]
-
-    def relabel(tail, head):
-        z = qc.embed(tail, head, clean) if policy.uses_embeddings() else None
-        f = qc.embed(tail, None, clean) if policy.uses_features() else None
-        levels = policy(features=f, embeddings=z)
-        return levels[:, 0], levels
-    return relabel
-
-
 def label_stats(levels, y):
     from sklearn.metrics import normalized_mutual_info_score
 
@@ -139,9 +128,9 @@ def run(cfg, bank, names, seeds, log=print):
             tail = qc.fresh_tail(bank)
             head = HyperbolicEmbeddingHead(bank.feature_dim, cfg.embedding_dim, c=C)
             policy = UnsupervisedPseudoLabels(c=C, seed=seed, **SETTINGS[name])
-            relabel = make_relabel(train, policy)
+            relabel = qc.pseudo_label_relabel(train, policy)
             if stats is None:  # diagnostics of the first labelling (true labels: report only)
-                stats = label_stats(make_relabel(train, UnsupervisedPseudoLabels(c=C, seed=seed, **SETTINGS[name]))(
+                stats = label_stats(qc.pseudo_label_relabel(train, UnsupervisedPseudoLabels(c=C, seed=seed, **SETTINGS[name]))(
                     tail, head)[1], y)
             loss = HierarchicalLogRatioLoss(distance=PoincareDistance(c=C))
             qc.train_with_labels(cfg, train, tail, head, loss, seed=seed, relabel=relabel)

@@ -144,11 +144,8 @@ def loop_log_ratio(E, L, R, RL, c, omega, eps, self_ref):
     return sum(per_pair) / len(per_pair)
 
 
-def loop_margin(E, L, R, RL, c, gamma, delta, self_ref, pairs=None):
-    """Fresh HierarchicalMarginLoss on (N, K) labels: class (column 0) means of this batch (detached,
-    symmetrised, self-pairs excluded), M_p = d_a + γ, M_n = d_ab − d_a + γ + δ (s_il − 2); each
-    sub-loss the mean of its non-zero hinges. ``pairs``: (pos list, neg list), else all pairs."""
-    y, ry = [row[0] for row in L], [row[0] for row in RL]
+def loop_class_means(E, R, y, ry, c, self_ref):
+    """Detached, symmetrised mean Poincaré distance per class pair (self-pairs excluded), by loops."""
     sums, counts = {}, {}
     for i in range(len(E)):
         for j in range(len(R)):
@@ -158,7 +155,15 @@ def loop_margin(E, L, R, RL, c, gamma, delta, self_ref, pairs=None):
             for key in ((y[i], ry[j]), (ry[j], y[i])):
                 sums[key] = sums.get(key, 0.0) + d / 2
                 counts[key] = counts.get(key, 0) + 0.5
-    mean = {k: sums[k] / counts[k] for k in sums}
+    return {k: sums[k] / counts[k] for k in sums}
+
+
+def loop_margin(E, L, R, RL, c, gamma, delta, self_ref, pairs=None):
+    """Fresh HierarchicalMarginLoss on (N, K) labels: class (column 0) means of this batch (detached,
+    symmetrised, self-pairs excluded), M_p = d_a + γ, M_n = d_ab − d_a + γ + δ (s_il − 2); each
+    sub-loss the mean of its non-zero hinges. ``pairs``: (pos list, neg list), else all pairs."""
+    y, ry = [row[0] for row in L], [row[0] for row in RL]
+    mean = loop_class_means(E, R, y, ry, c, self_ref)
     if pairs is None:
         all_pairs = [(i, j) for i in range(len(E)) for j in range(len(R)) if not (self_ref and i == j)]
         pairs = ([p for p in all_pairs if y[p[0]] == ry[p[1]]], [p for p in all_pairs if y[p[0]] != ry[p[1]]])
@@ -327,16 +332,7 @@ def loop_margin_triplet(E, L, R, RL, c, gamma, delta, self_ref, reduce="avg_nonz
     """Fresh triplet-form HierarchicalMarginLoss: the class means as in ``loop_margin``; every
     (i, j, l) with y_i = y_j, y_i ≠ y_l; hinge D_ij − D_il + d_{y_i y_l} − d_{y_i} + γ + δ(s_il − 2)."""
     y, ry = [row[0] for row in L], [row[0] for row in RL]
-    sums, counts = {}, {}
-    for i in range(len(E)):
-        for j in range(len(R)):
-            if self_ref and i == j:
-                continue
-            d = loop_poincare(E[i], R[j], c).detach()
-            for key in ((y[i], ry[j]), (ry[j], y[i])):
-                sums[key] = sums.get(key, 0.0) + d / 2
-                counts[key] = counts.get(key, 0) + 0.5
-    mean = {k: sums[k] / counts[k] for k in sums}
+    mean = loop_class_means(E, R, y, ry, c, self_ref)
     hinges = []
     for i in range(len(E)):
         da = mean.get((y[i], y[i]), 0.0)

@@ -60,8 +60,6 @@ def test_hyp_uml_contrastive(tmp_path, capsys):
 
 
 def test_hyp_uml_triplet_head_only(tmp_path):
-    import torch
-
     results, out = run("hyp_uml_cars", "HypUML", tmp_path, ["--loss", "triplet", "--no-plots", "--freeze-trunk", "true"])
     state = read_checkpoint(str(out / "last.pt"))
     assert "trunk_optimizer" not in state["optimizers"] and "embedder_optimizer" in state["optimizers"]

@@ -170,7 +170,6 @@ class MixedGeometryDistance(BaseDistance):
         return [float(pb.as_curvature(ck, torch.float64).detach()) for ck in self._curvature_sources]
 
     def _views(self, emb):
-        pb.check_finite(emb, "embeddings")  # a NaN loss is worse than an error
         emb = emb.float() if emb.dtype in (torch.float16, torch.bfloat16) else emb
         u = F.normalize(emb, dim=-1, eps=1e-12)
         tangent = u
@@ -247,6 +246,8 @@ class MixedGeometryDistance(BaseDistance):
         return self._combine(cos_dist, hyp, uq.dtype)
 
     def pairwise_distance(self, query_emb, ref_emb):
+        pb.check_finite(query_emb, "embeddings")  # a NaN loss is worse than an error
+        pb.check_finite(ref_emb, "ref_emb")
         with torch.autocast(device_type=query_emb.device.type, enabled=False):
             return self._general_rowwise(query_emb, ref_emb)
 

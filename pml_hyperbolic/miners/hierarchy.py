@@ -1,17 +1,5 @@
-r"""Average-linkage utilities of the pseudo-labeller, and (re-exported from
-:mod:`pml_hyperbolic.hierarchy_levels`) the similarity-level helper.
-
-Convention used across the package (labels N × K, column k = cluster id at level k, **finest
-first**): the similarity level of two samples is
-
-.. math:: s_{ij} = 1 + \min\{k : H_{ik} = H_{jk}\}\quad(\text{0-based }k),\qquad
-          s_{ij} = K + 1 \text{ if they never share a cluster},
-
-so s = 1 means "same finest cluster" (merged earliest = most similar) and larger s means less
-similar. This is the reading under which Yan et al.'s :math:`\Omega^{s_{ij}-s_{il}}` (CVPR'21,
-Eq. 4–5) makes more similar pairs closer for Ω > 1. The loss (``HierarchicalLogRatioLoss``) and
-the miner (:class:`HierarchicalSimilarityMiner`) both use :func:`first_shared_level` /
-:func:`pairwise_first_shared_level`, so they agree by construction.
+"""Average-linkage utilities of the pseudo-labeller. The similarity-level helper and its label
+convention live in :mod:`pml_hyperbolic.hierarchy_levels` and are re-exported here.
 """
 from __future__ import annotations
 
