@@ -81,6 +81,9 @@ def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
     :class:`pml_hyperbolic.geometry.PoincareGeometry` (read without re-validation). A tensor keeps
     its autograd graph so that a learnable curvature receives gradients.
 
+    A tensor on an accelerator is checked on the device (``torch._assert_async``), without a
+    device-to-host copy: the error then surfaces at the next synchronisation.
+
     Raises:
         ValueError: if c is not finite or not strictly positive (the message names ``c``).
     """
@@ -97,8 +100,14 @@ def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
     if isinstance(c, Tensor):
         if c.numel() != 1:
             raise ValueError(f"c must be a scalar curvature, got a tensor of shape {tuple(c.shape)}")
-        value = float(c.detach().reshape(()))
         tensor = c.reshape(()).to(dtype=dtype, device=device if device is not None else c.device)
+        if c.device.type != "cpu":
+            # Validate on the device: reading the value back (float(c)) would synchronise the host
+            # with the accelerator on every call. A bad c still raises, at the next synchronisation.
+            torch._assert_async(torch.isfinite(c.detach()).all() & (c.detach() > 0).all(),
+                                "c (the curvature magnitude) must be finite and > 0")
+            return tensor
+        value = float(c.detach().reshape(()))
     elif isinstance(c, Real) and not isinstance(c, bool):
         value = float(c)
         tensor = None

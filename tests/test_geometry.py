@@ -214,3 +214,14 @@ def test_knn_reads_a_shared_learnable_curvature_at_every_search():
     assert torch.allclose(d_after.double(), expect.gather(1, idx), rtol=1e-4, atol=1e-6)
     assert not torch.allclose(d_before, d_after)
     assert RecallAtKAccuracyCalculator(c=g).c is g
+
+
+def test_tensor_curvature_on_an_accelerator_is_checked_without_reading_it_back():
+    # float(c) of a device tensor synchronises host and device on every call; the check runs on the
+    # device instead. A meta tensor cannot be read back at all, so this fails if as_curvature tries.
+    from pml_hyperbolic import poincare_ball as pb
+
+    c = pb.as_curvature(torch.tensor(0.1, device="meta"), torch.float32)
+    assert c.device.type == "meta" and c.shape == ()
+    with pytest.raises(ValueError, match="c .*finite and > 0"):
+        pb.as_curvature(torch.tensor(-0.1))  # on the CPU the value is read and checked at once
