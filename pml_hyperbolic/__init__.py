@@ -1,33 +1,38 @@
 """Hyperbolic deep metric learning components for pytorch-metric-learning.
 
-Light, always-imported parts live at the top level (math, distances, heads, losses, miners).
-Evaluation (faiss, matplotlib), data (torchvision, PIL) and the training machinery are
-subpackages: ``pml_hyperbolic.evaluation``, ``pml_hyperbolic.data``, ``pml_hyperbolic.training``.
+The components live at the top level (math, geometry, distances, heads, losses, miners), imported
+on first use. Evaluation (faiss, matplotlib), data (torchvision, PIL) and the training machinery
+are subpackages: ``pml_hyperbolic.evaluation``, ``pml_hyperbolic.data``, ``pml_hyperbolic.training``.
 """
-from . import poincare_ball
-from .geometry import PoincareGeometry
-from .distances import MixedGeometryDistance, PoincareDistance
-from .manifold_tensors import accept_manifold_tensors, to_manifold_tensor, unwrap_ball_tensor
-from .heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead, ToPoincare
-from .losses import (
-    HierarchicalLogRatioLoss,
-    HierarchicalMarginLoss,
-    HIERLoss,
-    HyperbolicCrossBatchMemory,
-    HypMixLoss,
-    PairwiseCrossEntropyLoss,
-    UncertaintyAdaptiveContrastiveLoss,
-    UncertaintyAdaptiveTripletLoss,
-)
-from .miners import (
-    HardNegativeProbabilityMiner,
-    HierarchicalPseudoLabeler,
-    HierarchicalSimilarityMiner,
-    MixedGeometryMiner,
-)
-from .uncertainty import hyperbolic_uncertainty
-
 __version__ = "0.1.0"
+
+# Public names → the module that defines them, imported on first access (see ``_lazy``): a
+# light submodule such as ``pml_hyperbolic.training.cli`` can then be imported without torch.
+_EXPORTS = {
+    "poincare_ball": ".poincare_ball",
+    "PoincareGeometry": ".geometry",
+    "MixedGeometryDistance": ".distances",
+    "PoincareDistance": ".distances",
+    "accept_manifold_tensors": ".manifold_tensors",
+    "to_manifold_tensor": ".manifold_tensors",
+    "unwrap_ball_tensor": ".manifold_tensors",
+    "HyperbolicEmbeddingHead": ".heads",
+    "SphericalEmbeddingHead": ".heads",
+    "ToPoincare": ".heads",
+    "HierarchicalLogRatioLoss": ".losses",
+    "HierarchicalMarginLoss": ".losses",
+    "HIERLoss": ".losses",
+    "HyperbolicCrossBatchMemory": ".losses",
+    "HypMixLoss": ".losses",
+    "PairwiseCrossEntropyLoss": ".losses",
+    "UncertaintyAdaptiveContrastiveLoss": ".losses",
+    "UncertaintyAdaptiveTripletLoss": ".losses",
+    "HardNegativeProbabilityMiner": ".miners",
+    "HierarchicalPseudoLabeler": ".miners",
+    "HierarchicalSimilarityMiner": ".miners",
+    "MixedGeometryMiner": ".miners",
+    "hyperbolic_uncertainty": ".uncertainty",
+}
 
 __all__ = [
     "poincare_ball",
@@ -54,3 +59,7 @@ __all__ = [
     "to_manifold_tensor",
     "accept_manifold_tensors",
 ]
+
+from ._lazy import lazy_exports  # noqa: E402
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

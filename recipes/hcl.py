@@ -12,22 +12,21 @@ bundled data, scenes are made by pasting several glyph "objects" onto one canvas
 crop lies inside its scene. Recall@K of the (Euclidean) features on the glyph query/gallery split
 is reported as a quick sanity check (the paper evaluates by linear probing).
 """
-import torch
-
-from pml_hyperbolic.training import Recipe
-from pml_hyperbolic.training.config import ConfigError
-from pml_hyperbolic.training.evaluation import eval_protocol
-from pml_hyperbolic.training.hcl_trainer import HCLTrainer, KeyQueue
-from pml_hyperbolic.training.runner import seeded_subset
+import math
+import os
 
 
-class HCL(Recipe):
+from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeCommandLine  # torch-free
+BUNDLED_GLYPH_SIDE = 40  # pixels of a bundled glyph image (pml_hyperbolic/data/cjk_glyphs.npz); scenes tile them
+
+
+class HCL(RecipeCommandLine):
     name = "hcl"
     description = __doc__
     hyperbolic = False           # features evaluated in Euclidean space; the ball is a loss geometry
     real_dataset = "glyphs"
-    trainer_class = HCLTrainer
-    glyph_preset = {**Recipe.glyph_preset, "batch_size": 64, "samples_per_class": 1, "lr": 3e-4,
+    trainer_class = ImportedOnUse("pml_hyperbolic.training.hcl_trainer", "HCLTrainer")
+    glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1, "lr": 3e-4,
                     "head_lr": 3e-3, "grad_clip": None, "k_values": [1, 2, 4, 8]}
     paper_presets = {}
 
@@ -51,9 +50,34 @@ class HCL(Recipe):
             return {"backbone": "resnet50", "image_size": 224, "batch_size": 256, "lr": 0.03, "epochs": 200}
         return dict(cls.glyph_preset)
 
+    @classmethod
+    def resolved_dataset(cls, args):
+        return "coco" if args.annotations else "glyphs"
+
+    @classmethod
+    def preflight(cls, args):
+        super().preflight(args)
+        if args.max_objects < 2:
+            raise ConfigError(f"--max-objects must be >= 2 (a scene holds 2..max-objects objects), got {args.max_objects}")
+        side = args.canvas_size // BUNDLED_GLYPH_SIDE
+        if not args.annotations and side * side < args.max_objects:
+            needed = BUNDLED_GLYPH_SIDE * math.ceil(math.sqrt(args.max_objects))
+            raise ConfigError(f"--canvas-size {args.canvas_size} holds {side * side} glyph(s) of {BUNDLED_GLYPH_SIDE} px "
+                              f"side by side, fewer than --max-objects {args.max_objects}: use --canvas-size {needed} "
+                              "or more (or fewer --max-objects).")
+        if args.annotations:
+            if not args.images_dir:
+                raise ConfigError("--annotations needs --images-dir (the folder its file_name entries are in)")
+            for flag, path, test in (("--annotations", args.annotations, os.path.isfile),
+                                     ("--images-dir", args.images_dir, os.path.isdir)):
+                if not test(path):
+                    raise ConfigError(f"{flag} {path} does not exist. Give a COCO-style annotation file and the "
+                                      "folder of its images, or drop --annotations to use the bundled glyph scenes.")
+
     def setup_data(self):
         from pml_hyperbolic.data import GlyphDataset, build_transforms
-
+        from pml_hyperbolic.training.evaluation import eval_protocol
+        from pml_hyperbolic.training.runner import seeded_subset
         from pml_hyperbolic.training.scene_objects import CocoSceneObjects, ComposedGlyphScenes
 
         a = self.args
@@ -81,11 +105,15 @@ class HCL(Recipe):
                           for s in ("query", "gallery")}
 
     def build_sampler(self, labels, per_rank_batch):
+        import torch
+
         if self.ctx.enabled:
             return torch.utils.data.distributed.DistributedSampler(self.train_set, seed=self.args.seed)
         return None  # plain shuffling; its order is drawn from the (checkpointed) torch RNG
 
     def build_head(self, in_features):
+        import torch
+
         # MoCo v2 projection MLP; its output feeds both the Euclidean and the hyperbolic branch.
         d = self.args.embedding_dim
         return torch.nn.Sequential(torch.nn.Linear(in_features, in_features), torch.nn.ReLU(inplace=True),
@@ -96,6 +124,7 @@ class HCL(Recipe):
 
         from pml_hyperbolic.distances import PoincareDistance
         from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
+        from pml_hyperbolic.training.hcl_trainer import KeyQueue
 
         a = self.args
         d = a.embedding_dim

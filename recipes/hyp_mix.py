@@ -10,16 +10,17 @@ cross-entropy: logits ⟨z_e, z_e'⟩/τ_e − λ·d_c(z_h, z_h')/τ_h (pml_hype
 Training otherwise follows Hyp-ViT (the authors' code is a fork of it). The mixed distance is a
 monotone function of the cosine, so Recall@K is evaluated with the cosine.
 """
-from pml_hyperbolic.training import Recipe
+
+from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
 from pml_hyperbolic.training.presets import HYP_MIX_PRESETS as PAPER_PRESETS
 
 
-class HypMix(Recipe):
+class HypMix(RecipeCommandLine):
     name = "hyp_mix"
     description = __doc__
     real_dataset = "cub200"
     paper_presets = PAPER_PRESETS
-    glyph_preset = {**Recipe.glyph_preset, "lam": 3.0, "tau_e": 0.05, "tau_h": 0.2}
+    glyph_preset = {**RecipeCommandLine.glyph_preset, "lam": 3.0, "tau_e": 0.05, "tau_h": 0.2}
 
     def __init__(self, args):
         super().__init__(args)

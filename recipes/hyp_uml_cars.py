@@ -11,16 +11,18 @@ adaptive contrastive loss; 3 samples per class, batch 294 (contrastive) or 2 per
 (triplet), AdamW lr 3e-5, weight decay 0.01, AMP. Without Cars196 the recipe trains a small
 ImageNet-pretrained CNN on the bundled glyph dataset so that it finishes in minutes on a CPU.
 """
-from pml_hyperbolic.training import Recipe
+
+from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
 from pml_hyperbolic.training.presets import HYP_UML_PRESETS
 
 PAPER_CARS = HYP_UML_PRESETS["cars196"]
 
 
-class HypUML(Recipe):
+class HypUML(RecipeCommandLine):
     name = "hyp_uml"
     description = __doc__
     real_dataset = "cars196"
+    reports_uncertainty = True  # print the Recall@1 of each uncertainty bin (the paper's claim)
 
     @classmethod
     def add_arguments(cls, parser):

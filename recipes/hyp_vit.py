@@ -12,14 +12,15 @@ Paper settings: ViT-S/16, 128-d head, c = 0.1, clip 2.3, pairwise cross-entropy 
 weight decay 0.01, gradient-norm clip 3, frozen patch embedding, AMP; 200 / 600 / 25000 / 2200
 steps on CUB / Cars / SOP / In-Shop.
 """
-from pml_hyperbolic.training import Recipe
+
+from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 PAPER_PRESETS = HYP_VIT_PRESETS
 _VIT = HYP_VIT_PRESETS["cub200"]
 
 
-class HypViT(Recipe):
+class HypViT(RecipeCommandLine):
     name = "hyp_vit"
     description = __doc__
     real_dataset = "cub200"

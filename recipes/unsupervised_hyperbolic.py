@@ -16,20 +16,28 @@ glyphs (``bench/unsupervised_pseudo_labels.py``); the paper's setting is
 the learned embeddings). With ``--supervised`` the real class labels train the hierarchical-margin
 loss instead. Test labels are used only to report Recall@K.
 """
-from pml_hyperbolic.training import Recipe
-from pml_hyperbolic.training.pseudo_labels import (
-    DEFAULT_PSEUDO_LEVELS, LINKAGES, PAPER_PSEUDO_LEVELS, SOURCES, PseudoLabelledDataset, PseudoLabelTraining,
-    UnsupervisedPseudoLabels)
+
+from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
+
+from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
+from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
+from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}
 
 
-class UnsupervisedHyperbolic(PseudoLabelTraining, Recipe):
+class UnsupervisedHyperbolic(RecipeCommandLine):
     name = "unsupervised_hyperbolic"
     description = __doc__
     real_dataset = "cub200"
     paper_presets = {"cub200": PAPER, "cars196": PAPER, "sop": PAPER}
+
+    @classmethod
+    def runtime_mixins(cls):
+        from pml_hyperbolic.training.pseudo_labels import PseudoLabelTraining  # the re-clustering loop
+
+        return (PseudoLabelTraining,)
 
     def __init__(self, args):
         super().__init__(args)
@@ -66,11 +74,15 @@ class UnsupervisedHyperbolic(PseudoLabelTraining, Recipe):
 
     # ---- data: hide the labels ----
     def train_dataset(self, dataset):
+        from pml_hyperbolic.training.pseudo_labels import PseudoLabelledDataset
+
         return dataset if self.args.supervised else PseudoLabelledDataset(dataset)
 
     def pseudo_labels(self):
         """The recipe's pseudo-label policy (built once: it caches feature-based labels)."""
         if getattr(self, "_pseudo_policy", None) is None:
+            from pml_hyperbolic.training.pseudo_labels import UnsupervisedPseudoLabels
+
             a = self.args
             kw = dict(UnsupervisedPseudoLabels.paper(c=self.geometry).config()) if a.paper_pseudo_labels else {}
             for key, value in (("levels", a.levels), ("linkage", a.linkage), ("source", a.pseudo_source),

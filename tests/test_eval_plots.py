@@ -28,7 +28,10 @@ def test_disk_plot_written_with_size(tmp_path):
     hier = torch.stack([y, y // 2], 1)
     p2 = tmp_path / "h.png"
     plot_poincare_disk(x, hier, p2, c=0.1, color_by="hierarchy", uncertainty=torch.rand(240))
-    assert png_size(p2) == (600, 600)
+    assert png_size(p2) == (600, 760)  # default: 7.6 x 6 inches (disk + legend column)
+    p3 = tmp_path / "no_legend.png"
+    plot_poincare_disk(x, y, p3, c=0.1, legend=False, radius_histogram=True)
+    assert png_size(p3) == (780, 600)
 
 
 def test_tangent_pca_preserves_radius_in_plane():
@@ -75,6 +78,17 @@ def test_plot_bad_inputs(tmp_path):
         plot_poincare_disk(x, y[:5], tmp_path / "a.png")
     with pytest.raises(ValueError, match="n_bins"):
         uncertainty_recall_table(x, y, n_bins=0)
+    hier = torch.stack([y, y // 2, y // 4], 1)
+    with pytest.raises(ValueError, match="hierarchy_level 3"):
+        plot_poincare_disk(x, hier, tmp_path / "a.png", hierarchy_level=3)
+    with pytest.raises(ValueError, match="clip_r"):
+        plot_poincare_disk(x, y, tmp_path / "a.png", clip_r=-1.0)
+    with pytest.raises(ValueError, match="color_by"):
+        plot_poincare_disk(x, y, tmp_path / "a.png", color_by="radius")
+    with pytest.raises(ValueError, match="max_legend_entries"):
+        plot_poincare_disk(x, y, tmp_path / "a.png", max_legend_entries=0)
+    with pytest.raises(ValueError, match="empty"):
+        plot_uncertainty_vs_recall(x, y, tmp_path / "u.png", table=[])
 
 
 def test_group_colours_are_distinct_hues():
@@ -112,7 +126,7 @@ def test_disk_plot_pixels_show_the_disk_the_groups_and_the_shading(tmp_path):
     v = centres[y] + 0.05 * torch.randn(60, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     x = pb.expmap0(v, 1.0)
     path = tmp_path / "disk.png"
-    plot_poincare_disk(x, y, path, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30)
+    plot_poincare_disk(x, y, path, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30, legend=False)
     image = mpimg.imread(path)
     dark = image[:, :, :3].max(axis=2) < 0.25
     rows, cols = np.nonzero(dark)
@@ -127,7 +141,8 @@ def test_disk_plot_pixels_show_the_disk_the_groups_and_the_shading(tmp_path):
     # shading: the most uncertain group is drawn faint (blended towards white), the others full
     u = (y == 2).double()
     shaded = tmp_path / "shaded.png"
-    plot_poincare_disk(x, y, shaded, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30, uncertainty=u)
+    plot_poincare_disk(x, y, shaded, c=1.0, figsize=(4, 4), dpi=100, title=" ", point_size=30, uncertainty=u,
+                       legend=False)
     image = mpimg.imread(shaded)
     # (overlapping faint markers add up, so a few pixels of the full colour may remain)
     assert _pixels_near(image, colours[2]) < 0.2 * _pixels_near(image, colours[0])
@@ -154,3 +169,164 @@ def test_disk_plot_radius_histogram_panel(tmp_path):
     assert w1 == w0 and h1 > h0  # the histogram panel is added below the disk
     bottom = np.asarray(Image.open(with_hist).convert("L"))[int(h1 * 0.8):]
     assert (bottom < 200).mean() > 0.01  # the panel holds drawn bars and axes, not blank space
+
+
+def _disk_geometry_px(image, width_fraction=1.0):
+    """Centre (row, col) and radius in pixels of the drawn unit circle: the bounding box of the dark
+    pixels in the left ``width_fraction`` of the image (the legend's text lies to the right)."""
+    import numpy as np
+
+    dark = image[:, : int(image.shape[1] * width_fraction), :3].max(axis=2) < 0.25
+    rows, cols = np.nonzero(dark)
+    return (rows.min() + rows.max()) / 2, (cols.min() + cols.max()) / 2, (rows.max() - rows.min()) / 2
+
+
+def _pixels_at_radius(image, centre, radius, rgb, tol=0.08, band=2.0):
+    """How many pixels of colour ``rgb`` lie within ``band`` px of the circle of ``radius`` px."""
+    import numpy as np
+
+    rr, cc = np.mgrid[: image.shape[0], : image.shape[1]]
+    ring = np.abs(np.hypot(rr - centre[0], cc - centre[1]) - radius) <= band
+    colour = np.abs(image[:, :, :3] - np.asarray(rgb)[None, None]).max(axis=2) < tol
+    return int((ring & colour).sum())
+
+
+def test_disk_rings_and_clip_radius_are_drawn_where_they_belong(tmp_path):
+    import matplotlib.image as mpimg
+    from matplotlib.colors import to_rgb
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import clip_distance, disk_radius_of_distance, ring_distances
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    geometry = PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)
+    x = geometry.to_ball(torch.randn(80, 8, generator=torch.Generator().manual_seed(0)) * 0.4)
+    path = tmp_path / "rings.png"
+    plot_poincare_disk(x, torch.arange(80) % 3, path, c=geometry, legend=False, title=" ", figsize=(5, 5))
+    image = mpimg.imread(path)
+    centre_r, centre_c, radius = _disk_geometry_px(image)
+    assert clip_distance(geometry) == pytest.approx(4.6)
+    clip_px = radius * float(disk_radius_of_distance(4.6, 0.1))
+    # the clip sphere: a dashed red circle at d0 = 2 r, and no red at a wrong radius
+    assert _pixels_at_radius(image, (centre_r, centre_c), clip_px, to_rgb("tab:red")) > 60
+    assert _pixels_at_radius(image, (centre_r, centre_c), clip_px * 0.8, to_rgb("tab:red")) < 5
+    for d in ring_distances(4.6):  # the grey d0 rings at tanh(sqrt(c) d / 2)
+        ring_px = radius * float(disk_radius_of_distance(d, 0.1))
+        assert _pixels_at_radius(image, (centre_r, centre_c), ring_px, (0.72, 0.72, 0.72), tol=0.1) > 80
+    plain = tmp_path / "plain.png"  # no rings, no clip (a float c has no clip radius)
+    plot_poincare_disk(x, torch.arange(80) % 3, plain, c=0.1, legend=False, title=" ", figsize=(5, 5), rings=False)
+    image = mpimg.imread(plain)
+    ring_px = radius * float(disk_radius_of_distance(ring_distances(4.6)[0], 0.1))
+    assert _pixels_at_radius(image, (centre_r, centre_c), ring_px, (0.72, 0.72, 0.72), tol=0.1) < 5
+    assert _pixels_at_radius(image, (centre_r, centre_c), clip_px, to_rgb("tab:red")) < 5
+
+
+def test_ring_distance_helpers_reference_values():
+    import numpy as np
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import disk_radius_of_distance, ring_distances
+
+    np.testing.assert_allclose(ring_distances(4.6), [2.0, 4.0])
+    np.testing.assert_allclose(ring_distances(10.0), [2.5, 5.0, 7.5, 10.0])
+    np.testing.assert_allclose(ring_distances(0.9), [0.25, 0.5, 0.75])
+    assert len(ring_distances(0.0)) == 0 and len(ring_distances(float("inf"))) == 0
+    # a point at hyperbolic distance d from the origin of the c-ball: Euclidean radius tanh(sqrt(c) d/2)/sqrt(c)
+    x = pb.expmap0(torch.tensor([[1.7, 0.0]], dtype=torch.float64), 0.1)
+    d = float(pb.dist0(x, 0.1))
+    assert float(disk_radius_of_distance(d, 0.1)) == pytest.approx(float(x.norm()) * 0.1 ** 0.5)
+    assert float(disk_radius_of_distance(float("inf"), 0.1)) == 1.0
+
+
+def test_disk_legend_column_and_hierarchy_colouring(tmp_path):
+    import matplotlib.image as mpimg
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import group_colours
+
+    x, y = data(240, 2)
+    with_legend, without = tmp_path / "legend.png", tmp_path / "none.png"
+    plot_poincare_disk(x, y, with_legend, c=0.1)
+    plot_poincare_disk(x, y, without, c=0.1, legend=False, figsize=(7.6, 6.0))
+    right = mpimg.imread(with_legend)[:, int(760 * 0.69):, :3]
+    bare = mpimg.imread(without)[:, int(760 * 0.88):, :3]  # right of the (centred) circle
+    assert (right.max(axis=2) < 0.3).sum() > 300  # legend text
+    assert (bare.max(axis=2) < 0.3).sum() == 0
+    for rgb in group_colours(6)[:, :3]:  # one marker per class in the legend column
+        assert _pixels_near(right, rgb) > 10
+    # N x K labels: coloured by the parent level (3 parents) by default, in the disk and the legend
+    hier = torch.stack([y, y // 2], 1)
+    parent = tmp_path / "parent.png"
+    plot_poincare_disk(x, hier, parent, c=0.1)
+    image = mpimg.imread(parent)
+    for rgb in group_colours(3)[:, :3]:
+        assert _pixels_near(image, rgb) > 20
+    for rgb in group_colours(6)[3:, :3]:  # finest-level colours beyond the three parents: absent
+        assert _pixels_near(image, rgb) == 0
+    # many classes: a colour bar instead of a list
+    many = tmp_path / "many.png"
+    plot_poincare_disk(x, torch.arange(240) % 40, many, c=0.1)
+    column = mpimg.imread(many)[:, int(760 * 0.69):, :3]
+    viridis = group_colours(40)[:, :3]
+    assert sum(_pixels_near(column, rgb, tol=0.02) > 0 for rgb in viridis) > 30
+
+
+def test_uncertainty_plot_overall_line_and_bin_labels(tmp_path):
+    import matplotlib.image as mpimg
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    from pml_hyperbolic.evaluation.uncertainty_recall import bin_label, label_decimals, overall_recall_at_1
+
+    table = [
+        {"bin": 0, "u_min": 0.0, "u_max": 0.1, "u_mean": 0.05, "count": 1, "recall_at_1": 1.0},
+        {"bin": 1, "u_min": 0.1, "u_max": 0.4, "u_mean": 0.2, "count": 3, "recall_at_1": 0.6},
+    ]
+    assert overall_recall_at_1(table) == pytest.approx(0.7)  # (1 * 1.0 + 3 * 0.6) / 4
+    assert bin_label(table[1]) == "0.10–0.40\nn = 3"
+    assert bin_label({"u_min": 0.0, "u_max": 0.0, "count": 7}) == "U = 0.00\nn = 7"
+    narrow = [{"u_min": 0.5201, "u_max": 0.5203, "count": 2}, {"u_min": 0.5203, "u_max": 0.5210, "count": 2}]
+    assert label_decimals(narrow) == 4 and label_decimals(table) == 2  # bounds stay distinct when printed
+    assert bin_label(narrow[0], 4) == "0.5201\n–0.5203\nn=2"  # stacked: narrow enough for 10 bins
+    path = tmp_path / "u.png"
+    plot_uncertainty_vs_recall(None, None, path, table=table, dpi=100)
+    image = mpimg.imread(path)[:, :, :3]
+    blue_rows = np.nonzero(np.abs(image - np.asarray(to_rgb("tab:blue"))).max(axis=2) < 0.05)[0]
+    top_of_full_bar, zero = blue_rows.min(), blue_rows.max()  # the recall-1.0 bar spans 0..1
+    orange = np.abs(image - np.asarray(to_rgb("tab:orange"))).max(axis=2) < 0.08
+    line_row = np.argmax(orange.sum(axis=1))
+    assert orange.sum(axis=1).max() > 150  # a horizontal line across the axes
+    assert (zero - line_row) / (zero - top_of_full_bar) == pytest.approx(0.7, abs=0.02)
+    # one bin: a narrow bar in the middle of a wide axis (not one bar filling -0.4 .. 0.4)
+    single = tmp_path / "one.png"
+    one = [dict(table[0], count=4, recall_at_1=0.5)]
+    plot_uncertainty_vs_recall(None, None, single, table=one, dpi=100)
+    image = mpimg.imread(single)[:, :, :3]
+    blue_cols = np.nonzero((np.abs(image - np.asarray(to_rgb("tab:blue"))).max(axis=2) < 0.05).any(axis=0))[0]
+    assert 0.05 * image.shape[1] < len(blue_cols) < 0.2 * image.shape[1]
+    assert abs((blue_cols.min() + blue_cols.max()) / 2 - image.shape[1] * 0.47) < 0.1 * image.shape[1]
+
+
+def test_uncertainty_plot_protocol_and_overall_match_the_run(tmp_path):
+    import matplotlib
+
+    from pml_hyperbolic.evaluation.uncertainty_recall import overall_recall_at_1
+
+    x, y = data(300, 3)
+    queries, gallery = x[:100], x[100:]
+    titles = []
+    original = matplotlib.axes.Axes.set_title
+
+    def spy(self, label, *args, **kwargs):
+        titles.append(label)
+        return original(self, label, *args, **kwargs)
+
+    matplotlib.axes.Axes.set_title = spy
+    try:
+        table = plot_uncertainty_vs_recall(queries, y[:100], tmp_path / "g.png", c=0.1, n_bins=4, clip_r=10.0,
+                                           reference_embeddings=gallery, reference_labels=y[100:])
+        plot_uncertainty_vs_recall(queries, y[:100], tmp_path / "s.png", c=0.1, n_bins=4, clip_r=10.0)
+    finally:
+        matplotlib.axes.Axes.set_title = original
+    assert "queries vs gallery" in titles[0] and "self-retrieval" in titles[1]
+    # the overall line is the run's own Recall@1 on that protocol
+    d = pb.pairwise_dist(queries.double(), gallery.double(), 0.1)
+    run_recall = float((y[100:][d.argmin(1)] == y[:100]).double().mean())
+    assert overall_recall_at_1(table) == pytest.approx(run_recall)

@@ -1,11 +1,23 @@
 """Datasets, transforms and samplers for hyperbolic deep metric learning (all offline)."""
 
-from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
-from .glyphs import BUNDLED_GLYPHS_PATH, GlyphDataset
-from .image_list import DatasetNotFoundError, ImageListDataset, collate_skipping_unreadable
-from .registry import build_dataset, find_dataset_root
-from .samplers import ClassBalancedBatchSampler
-from .transforms import ConvertToRGB, build_transforms
+# Imported on first access (see ``pml_hyperbolic._lazy``): ``data.registry`` stays torch-free for the
+# recipes' command line.
+_EXPORTS = {
+    "Cars196Dataset": ".benchmarks",
+    "CUB200Dataset": ".benchmarks",
+    "InShopDataset": ".benchmarks",
+    "OnlineProductsDataset": ".benchmarks",
+    "BUNDLED_GLYPHS_PATH": ".glyphs",
+    "GlyphDataset": ".glyphs",
+    "DatasetNotFoundError": ".image_list",
+    "ImageListDataset": ".image_list",
+    "collate_skipping_unreadable": ".image_list",
+    "build_dataset": ".registry",
+    "find_dataset_root": ".registry",
+    "ClassBalancedBatchSampler": ".samplers",
+    "ConvertToRGB": ".transforms",
+    "build_transforms": ".transforms",
+}
 
 __all__ = [
     "BUNDLED_GLYPHS_PATH",
@@ -23,3 +35,7 @@ __all__ = [
     "build_transforms",
     "find_dataset_root",
 ]
+
+from .._lazy import lazy_exports  # noqa: E402
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

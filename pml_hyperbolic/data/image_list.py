@@ -18,12 +18,15 @@ class DatasetNotFoundError(FileNotFoundError):
 
 def missing_dataset_error(dataset_name, root, layouts, source):
     """Build the one error message every loader raises: what was expected, where, and where to get it."""
-    expected = "\n".join(f"  - {layout}" for layout in layouts)
+    # One line (the recipes print it as their only error line); layouts are numbered when several.
+    if len(layouts) == 1:
+        expected = layouts[0]
+    else:
+        expected = "; ".join(f"({i}) {layout}" for i, layout in enumerate(layouts, 1))
     return DatasetNotFoundError(
-        f"{dataset_name}: no supported layout found under {str(root)!r}.\n"
-        f"Expected one of:\n{expected}\n"
-        f"Nothing is downloaded automatically. Get the data from {source}, extract it, and pass "
-        f"its folder as root (or set the environment variable named in find_dataset_root)."
+        f"{dataset_name}: no supported layout found under {str(root)!r}. Expected one of: {expected}. "
+        f"Nothing is downloaded automatically. Get the data from {source}, extract it, and pass its folder "
+        f"(root=..., --data-root in the recipes, or the dataset's PML_HYPERBOLIC_* environment variable)."
     )
 
 

@@ -1,18 +1,38 @@
-"""``build_dataset`` / ``find_dataset_root``: one entry point for every dataset, local folders only."""
+"""``build_dataset`` / ``find_dataset_root``: one entry point for every dataset, local folders only.
+
+Importing this module imports only ``os``: the recipes read its names (environment variables,
+folder names) while parsing the command line, before torch is loaded. The dataset classes are
+imported on first use (``DATASET_CLASSES``, :func:`build_dataset`, :func:`find_dataset_root`).
+"""
 
 import os
 
-from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
-from .glyphs import BUNDLED_GLYPHS_PATH, GlyphDataset
-from .image_list import missing_dataset_error
 
-DATASET_CLASSES = {
-    "cars196": Cars196Dataset,
-    "cub200": CUB200Dataset,
-    "sop": OnlineProductsDataset,
-    "inshop": InShopDataset,
-    "glyphs": GlyphDataset,
-}
+def _dataset_classes():
+    from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
+    from .glyphs import GlyphDataset
+
+    return {
+        "cars196": Cars196Dataset,
+        "cub200": CUB200Dataset,
+        "sop": OnlineProductsDataset,
+        "inshop": InShopDataset,
+        "glyphs": GlyphDataset,
+    }
+
+
+def _classes():
+    if "DATASET_CLASSES" not in globals():
+        globals()["DATASET_CLASSES"] = _dataset_classes()
+    return globals()["DATASET_CLASSES"]
+
+
+def __getattr__(name):
+    # ``DATASET_CLASSES`` is built on first access (PEP 562) so that importing the module stays light.
+    if name == "DATASET_CLASSES":
+        return _classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Environment variables: a dataset-specific one wins over the shared data folder.
 ROOT_ENVIRONMENT_VARIABLES = {
@@ -39,8 +59,8 @@ def _check_name(name):
     aliases = {"cars": "cars196", "cub": "cub200", "cub2002011": "cub200", "onlineproducts": "sop",
                "stanfordonlineproducts": "sop", "cjkglyphs": "glyphs"}
     key = aliases.get(key, key)
-    if key not in DATASET_CLASSES:
-        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASET_CLASSES)}")
+    if key not in ROOT_ENVIRONMENT_VARIABLES:
+        raise ValueError(f"unknown dataset {name!r}; choose from {sorted(ROOT_ENVIRONMENT_VARIABLES)}")
     return key
 
 
@@ -51,7 +71,7 @@ def _is_valid_root(name, root):
     if name == "glyphs":
         path = os.path.join(root, "cjk_glyphs.npz") if os.path.isdir(root) else root
         return os.path.isfile(path)
-    return DATASET_CLASSES[name].detect_layout(root) is not None
+    return _classes()[name].detect_layout(root) is not None
 
 
 def find_dataset_root(name, root=None):
@@ -71,6 +91,8 @@ def find_dataset_root(name, root=None):
         candidates.append(shared)
         candidates.extend(os.path.join(shared, folder) for folder in CONVENTIONAL_FOLDER_NAMES[name])
     if name == "glyphs":
+        from .glyphs import BUNDLED_GLYPHS_PATH
+
         candidates.append(os.path.dirname(BUNDLED_GLYPHS_PATH))
     for candidate in candidates:
         if candidate and _is_valid_root(name, candidate):
@@ -86,8 +108,11 @@ def build_dataset(name, split, root=None, transform=None, **dataset_kwargs):
     is found a :class:`DatasetNotFoundError` (a ``FileNotFoundError``) names the
     expected layouts and where to get the data. Nothing is ever downloaded.
     """
+    from .glyphs import GlyphDataset
+    from .image_list import missing_dataset_error
+
     name = _check_name(name)
-    cls = DATASET_CLASSES[name]
+    cls = _classes()[name]
     if split not in cls.SPLITS:
         raise ValueError(f"{name} has splits {cls.SPLITS}, got {split!r}")
     resolved = find_dataset_root(name, root)

@@ -1,11 +1,12 @@
 """Evaluation and geometry analysis: Recall@K, exact hyperbolic kNN, δ-hyperbolicity,
-uncertainty-vs-recall, Poincaré-disk plots."""
+uncertainty-vs-recall, Poincaré-disk plots, retrieval grids."""
 from .delta_hyperbolicity import gromov_delta, relative_delta, suggest_curvature
 from .hyperbolic_index import HyperbolicIndex
 from .hyperbolic_knn import HyperbolicKNN
 from .poincare_disk_plot import plot_poincare_disk
 from .recall_at_k import RecallAtKAccuracyCalculator
-from .uncertainty_recall import plot_uncertainty_vs_recall, uncertainty_recall_table
+from .retrieval_grid import plot_retrieval_grid, plot_retrieval_grid_from_embeddings
+from .uncertainty_recall import plot_uncertainty_vs_recall, uncertainty_failure_auroc, uncertainty_recall_table
 
 __all__ = [
     "RecallAtKAccuracyCalculator",
@@ -15,6 +16,9 @@ __all__ = [
     "relative_delta",
     "suggest_curvature",
     "uncertainty_recall_table",
+    "uncertainty_failure_auroc",
     "plot_uncertainty_vs_recall",
     "plot_poincare_disk",
+    "plot_retrieval_grid",
+    "plot_retrieval_grid_from_embeddings",
 ]

@@ -32,11 +32,27 @@ DATASET_ALIASES = {
 NON_FINGERPRINT_KEYS = frozenset({
     "config", "resume", "output_dir", "epochs", "stop_after_epoch", "num_workers", "device",
     "eval_batch_size", "eval_every", "no_plots", "no_tensorboard", "quiet", "dist_backend", "log_every",
+    "overwrite", "threads",
 })
+
+
+# Keys a run adds to its config.json to record what happened; ignored when that file is given to --config.
+RECORDED_NOT_SET = frozenset({"dataset_resolved"})
 
 
 class ConfigError(ValueError):
     """A user-facing configuration problem; recipes print its message and exit with status 2."""
+
+
+class RecipeArgumentParser(argparse.ArgumentParser):
+    """``argparse`` with a one-line error: the recipes' usage string is ~40 lines, which buried the
+    message ("invalid choice: 'foo'") under it."""
+
+    def error(self, message):
+        import sys
+
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def str2bool(value) -> bool:
@@ -64,6 +80,37 @@ def curvature_arg(value):
     if not value > 0:
         raise argparse.ArgumentTypeError(f"--curvature must be > 0 (it is the magnitude c of curvature -c), got {value}")
     return value
+
+
+def threads_arg(value):
+    """``--threads``: 'auto' (PyTorch's own default) or a whole number >= 1."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number >= 1, got {value!r}")
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'auto' for PyTorch's default), got {number}")
+    return number
+
+
+def positive_float(value):
+    """A learning rate: a number > 0 (a negative or zero one would train nothing, silently)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value!r}")
+    return number
+
+
+def optional_positive_float(value):
+    if value is None or str(value).strip().lower() in {"none", "off", "null"}:
+        return None
+    return positive_float(value)
 
 
 def optional_float(value):
@@ -131,8 +178,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                    help="Freeze the ViT patch embedding (as in Hyp-ViT); ignored by backbones without one.")
 
     g = parser.add_argument_group("optimisation")
-    g.add_argument("--lr", type=float, default=3e-5, help="AdamW learning rate.")
-    g.add_argument("--head-lr", type=optional_float, default=None,
+    g.add_argument("--lr", type=positive_float, default=3e-5,
+                   help="AdamW learning rate of the backbone (and of the head unless --head-lr is given); "
+                        "no effect with --freeze-trunk true and a --head-lr.")
+    g.add_argument("--head-lr", type=optional_positive_float, default=None,
                    help="Learning rate of the head ('none' = same as --lr).")
     g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay.")
     g.add_argument("--grad-clip", type=optional_float, default=3.0,
@@ -161,11 +210,17 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                    help="Run folder for checkpoints, logs, results and plots (default runs/<recipe>-<dataset>).")
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="Resume from CKPT, or with no value from <output-dir>/last.pt.")
+    g.add_argument("--overwrite", action="store_true",
+                   help="Start afresh in an --output-dir that holds a previous run: its checkpoints, logs, results "
+                        "and plots are deleted first (without this flag such a folder is refused).")
+    g.add_argument("--threads", type=threads_arg, default="auto", metavar="N",
+                   help="CPU threads of PyTorch's operators (torch.set_num_threads); 'auto' leaves PyTorch's "
+                        "default (one per core). Use 1 when several runs share the machine.")
     g.add_argument("--stop-after-epoch", type=optional_int, default=None,
                    help="Stop (as if interrupted) after this epoch's checkpoint; resume later with --resume.")
     g.add_argument("--no-plots", action="store_true", help="Skip the Poincaré-disk and uncertainty plots.")
     g.add_argument("--no-tensorboard", action="store_true", help="Do not write TensorBoard logs even if installed.")
-    g.add_argument("--quiet", action="store_true", help="No progress bars.")
+    g.add_argument("--quiet", action="store_true", help="No progress bars or status lines (results and errors are still printed).")
     g.add_argument("--dist-backend", default="auto", choices=["auto", "nccl", "gloo"],
                    help="torch.distributed backend under torchrun ('auto': nccl on CUDA, gloo on CPU).")
     return parser
@@ -175,19 +230,36 @@ def load_config_file(path: str) -> Dict:
     """Read a YAML or JSON mapping of settings; keys are normalised to argparse ``dest`` names."""
     if not os.path.isfile(path):
         raise ConfigError(f"--config: file not found: {path}")
-    with open(path, "r", encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--config: cannot read {path}: {err}")
     if path.lower().endswith(".json"):
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"--config {path}, line {err.lineno}, column {err.colno}: JSON syntax error: {err.msg}")
     else:
         import yaml
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(yaml_error_message(path, err))
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config: {path} must hold a mapping of setting: value, got {type(data).__name__}")
     return {str(k).replace("-", "_").lstrip("_"): v for k, v in data.items()}
+
+
+def yaml_error_message(path: str, err) -> str:
+    """One line naming the file and (1-based) line of a YAML syntax error."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"--config {path}{where}: YAML syntax error: {what}"
 
 
 def _coerce(parser: argparse.ArgumentParser, dest: str, value):
@@ -233,6 +305,8 @@ def parse_config(parser_factory: Callable[[], argparse.ArgumentParser], argv: Op
     file_values = {}
     if args.config:
         file_values = load_config_file(args.config)
+        for key in RECORDED_NOT_SET:  # a run's own config.json is a valid --config
+            file_values.pop(key, None)
         known = {a.dest for a in parser._actions}
         unknown = sorted(set(file_values) - known)
         if unknown:
@@ -264,3 +338,32 @@ def config_to_dict(args: argparse.Namespace) -> Dict:
 def config_fingerprint(config: Dict, ignore: Iterable[str] = NON_FINGERPRINT_KEYS) -> Dict:
     """The settings that must match for ``--resume`` to continue the same computation."""
     return {k: v for k, v in config.items() if k not in set(ignore)}
+
+
+def check_batch_settings(batch_size: int, samples_per_class: int, world_size: int = 1) -> int:
+    """Per-process batch size; a batch must hold whole classes of ``samples_per_class`` images each,
+    and at least two classes (metric losses need negatives). A refused size comes with suggestions
+    that pass every one of these checks."""
+    if samples_per_class < 1:
+        raise ConfigError(f"--samples-per-class must be >= 1, got {samples_per_class}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    step = world_size * samples_per_class           # valid sizes are multiples of this ...
+    smallest = 2 * step                             # ... with at least two classes per process
+    lower = max(smallest, batch_size - batch_size % step)
+    suggestions = sorted({lower, lower + step} - {batch_size})[:2]
+    hint = " or ".join(f"--batch-size {s}" for s in suggestions)
+    if batch_size % world_size:
+        raise ConfigError(f"--batch-size {batch_size} is not divisible by the number of processes {world_size}; "
+                          f"use e.g. {hint}.")
+    per_rank = batch_size // world_size
+    if per_rank % samples_per_class:
+        raise ConfigError(
+            f"--batch-size {batch_size} is not divisible by --samples-per-class {samples_per_class}"
+            + (f" (per process: {per_rank})" if world_size > 1 else "")
+            + f": a batch holds whole classes. Use e.g. {hint}.")
+    if per_rank // samples_per_class < 2:
+        raise ConfigError(f"--batch-size {batch_size} with --samples-per-class {samples_per_class} gives fewer than "
+                          f"2 classes per batch{' per process' if world_size > 1 else ''}: metric losses need "
+                          f"negatives. Use e.g. {hint}.")
+    return per_rank

@@ -6,7 +6,15 @@ see ``shared/papers/README.md`` in the project notes and each recipe's docstring
 """
 from __future__ import annotations
 
-__all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS"]
+__all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS", "PAPER_PSEUDO_LEVELS", "DEFAULT_PSEUDO_LEVELS",
+           "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES"]
+
+# Pseudo-label settings of the unsupervised method (used by ``training.pseudo_labels``, which explains
+# how the defaults were chosen, and by the recipe's --help, which must not import torch).
+PAPER_PSEUDO_LEVELS = (100, 70, 40, 10)   # Yan et al. Table 2, K = 4
+DEFAULT_PSEUDO_LEVELS = (128,)            # chosen on the glyph validation split (training.pseudo_labels)
+PSEUDO_LABEL_LINKAGES = ("ward", "average")
+PSEUDO_LABEL_SOURCES = ("features", "features_then_embeddings", "embeddings")
 
 _VIT = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "lr": 3e-5,
         "weight_decay": 0.01, "grad_clip": 3.0, "freeze_patch_embed": True, "amp": "auto", "curvature": 0.1,

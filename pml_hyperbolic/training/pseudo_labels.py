@@ -4,6 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
+from .presets import PSEUDO_LABEL_LINKAGES as LINKAGES
+from .presets import PSEUDO_LABEL_SOURCES as SOURCES
+
 
 class PseudoLabelledDataset(torch.utils.data.Dataset):
     """Returns ``(image, pseudo_labels_row)``; the true labels of ``base`` are never returned.
@@ -54,11 +58,9 @@ class PseudoLabelledDataset(torch.utils.data.Dataset):
 # validation R@1, 30.7 (test 15.9 vs 15.5 for the pooled features): within the seed spread (±2) of
 # the other one-level settings — the pseudo-labels are too noisy here for more.
 
-PAPER_PSEUDO_LEVELS = (100, 70, 40, 10)   # Yan et al. Table 2, K = 4
-DEFAULT_PSEUDO_LEVELS = (128,)            # chosen on the glyph validation split (see above)
+# PAPER_PSEUDO_LEVELS, DEFAULT_PSEUDO_LEVELS, LINKAGES and SOURCES are in ``presets`` (torch-free:
+# the recipe's --help reads them too).
 DEFAULT_WHITEN = 256
-LINKAGES = ("ward", "average")
-SOURCES = ("features", "features_then_embeddings", "embeddings")
 
 
 def _check_levels(levels):

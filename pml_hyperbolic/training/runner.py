@@ -7,10 +7,8 @@ and plots.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
-import sys
 import time
 from typing import Dict, Optional
 
@@ -18,10 +16,11 @@ import numpy as np
 import torch
 
 from ..backbones import PretrainedWeightsUnavailableError
-from ..data.image_list import collate_skipping_unreadable
+from ..data.image_list import DatasetNotFoundError, collate_skipping_unreadable
 from . import config as cfg
 from .checkpoint import CheckpointManager, restore_trainer, unwrap
-from .config import ConfigError
+from .cli import RecipeCommandLine, clear_previous_run, previous_run_files
+from .config import ConfigError, check_batch_settings  # noqa: F401 - check_batch_settings: public here too
 from .distributed import barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
 from .evaluation import EpochEndEvaluator, Evaluator, build_tester, eval_protocol, format_recall
 from .run_logger import RunLogger
@@ -58,27 +57,6 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-
-
-def check_batch_settings(batch_size: int, samples_per_class: int, world_size: int = 1) -> int:
-    """Per-process batch size; a batch must hold whole classes of ``samples_per_class`` images each."""
-    if samples_per_class < 1:
-        raise ConfigError(f"--samples-per-class must be >= 1, got {samples_per_class}")
-    if batch_size % world_size:
-        raise ConfigError(f"--batch-size {batch_size} is not divisible by the number of processes {world_size}; "
-                          f"use a multiple of {world_size * samples_per_class}.")
-    per_rank = batch_size // world_size
-    if per_rank % samples_per_class:
-        lower = per_rank - per_rank % samples_per_class
-        raise ConfigError(
-            f"--batch-size {batch_size} is not divisible by --samples-per-class {samples_per_class}"
-            + (f" (per process: {per_rank})" if world_size > 1 else "")
-            + f": a batch holds whole classes. Use e.g. --batch-size {lower * world_size} or "
-              f"{(lower + samples_per_class) * world_size}.")
-    if per_rank // samples_per_class < 2:
-        raise ConfigError(f"--batch-size {batch_size} with --samples-per-class {samples_per_class} gives fewer than "
-                          "2 classes per batch: metric losses need negatives. Increase --batch-size.")
-    return per_rank
 
 
 def resolve_dataset(requested: str, data_root: Optional[str], real_default: str):
@@ -118,7 +96,7 @@ def missing_data_message(name: str, data_root: Optional[str]) -> str:
     env = ROOT_ENVIRONMENT_VARIABLES.get(name, "")
     where = data_root if data_root else f"${env} (unset or not holding the data)"
     detail = str(missing_dataset_error(name, where, cls.LAYOUTS, cls.SOURCE))
-    return (f"{detail}\nFix: pass --data-root DIR (the folder in one of the layouts above) or set {env}=DIR; "
+    return (f"{detail} Fix: pass --data-root DIR (the folder in one of the layouts above) or set {env}=DIR; "
             "or run on the bundled data with --dataset glyphs.")
 
 
@@ -204,73 +182,15 @@ def _silence_pml_missing_key(key: str) -> None:
         c_f.LOGGER.addFilter(_DropMissingKey())
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the recipe docstring's layout (its example commands) and shows every default."""
+class Recipe(RecipeCommandLine):
+    """The runnable recipe: data, model, training, evaluation and results (torch, PML).
 
+    Recipe scripts subclass :class:`~.cli.RecipeCommandLine` (light); instantiating one makes it a
+    subclass of this class. Subclassing ``Recipe`` directly works as well (then importing the script
+    imports torch). Subclasses override the builders below.
+    """
 
-class Recipe:
-    """Base class of the recipe scripts. Subclasses set the class attributes and override builders."""
-
-    name = "recipe"
-    description = ""
-    real_dataset = "cars196"        # what --dataset auto looks for
-    hyperbolic = True               # evaluate with the hyperbolic kNN and plot the Poincaré disk
-    default_backbone = "vit_small_patch16_224"
     trainer_class = HyperbolicTrainer
-    label_hierarchy_level = 0
-    # Settings for the bundled-glyph path on CPU (a small pretrained CNN at small size; the
-    # paper's ViT-S/16 at 224 px would take hours on 2 cores).
-    glyph_preset: Dict = {
-        "backbone": "efficientnet_lite0", "pretrained": True, "image_size": 48, "resize_size": 48,
-        "batch_size": 120, "samples_per_class": 4, "lr": 3e-4, "head_lr": 3e-3, "epochs": 3,
-        "steps_per_epoch": 15, "amp": "auto", "freeze_patch_embed": False, "freeze_trunk": True,
-        "eval_batch_size": 256, "eval_every": 0,
-    }
-    paper_presets: Dict[str, Dict] = {}
-
-    def __init__(self, args: argparse.Namespace):
-        self.args = args
-
-    # ---- command line ----
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Recipe-specific flags."""
-
-    @classmethod
-    def make_parser(cls) -> argparse.ArgumentParser:
-        prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else f"{cls.name}.py"
-        parser = argparse.ArgumentParser(
-            prog=prog, description=cls.description,
-            epilog="Defaults shown are the generic ones; the dataset's preset (the paper's settings for a "
-                   "real benchmark, the CPU demo for the bundled glyphs) replaces them unless the flag "
-                   "is given (or set in --config).",
-            formatter_class=_HelpFormatter)
-        cfg.add_common_arguments(parser, default_backbone=cls.default_backbone, hyperbolic=cls.hyperbolic)
-        cls.add_arguments(parser)
-        return parser
-
-    @classmethod
-    def presets(cls, args) -> Dict:
-        name = cfg.DATASET_ALIASES.get(args.dataset, args.dataset)
-        if name == "auto":
-            name, _, _ = resolve_dataset("auto", args.data_root, cls.real_dataset)
-        if name == "glyphs":
-            return dict(cls.glyph_preset)
-        return dict(cls.paper_presets.get(name, {}))
-
-    @classmethod
-    def parse(cls, argv=None) -> argparse.Namespace:
-        return cfg.parse_config(cls.make_parser, argv, presets=cls.presets)
-
-    @classmethod
-    def main(cls, argv=None) -> Dict:
-        """Entry point of a recipe script: user errors print one message and exit with status 2."""
-        try:
-            args = cls.parse(argv)
-            return cls(args).run()
-        except (ConfigError, PretrainedWeightsUnavailableError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            raise SystemExit(2)
 
     # ---- overridable builders ----
     def curvature(self) -> Optional[float]:
@@ -330,22 +250,49 @@ class Recipe:
                                                title=f"Recall@1 per uncertainty bin\n({protocol})",
                                                n_bins=5,  # quintiles: ~±3 points of noise per bin at 1,000 queries
                                                **({"clip_r": clip} if clip is not None else {}))
-        if len(table) == 1:
+        # The plot is drawn for every hyperbolic recipe; only Hyp-UML (whose loss uses the uncertainty)
+        # explains a degenerate one. Its bins are printed in the end-of-run summary.
+        if self.reports_uncertainty and len(table) == 1:
             self.say("[pml-hyperbolic] every test embedding sits at the clip radius, so the Hyp-UML uncertainty "
                      "is the same for all of them: the uncertainty-vs-recall plot has one bin (and an "
                      "uncertainty-adaptive loss acts as its fixed-temperature/margin form).")
-        else:
-            self.say("uncertainty bins (most certain → least; " + protocol + "): Recall@1 "
-                     + " ".join(f"{row['recall_at_1']:.2f}" for row in table)
-                     + f"  (n = {table[0]['count']} per bin)")
         out["uncertainty_vs_recall"] = unc
         self.uncertainty_table = table
+        from ..evaluation import uncertainty_failure_auroc
+
+        self.uncertainty_auroc = uncertainty_failure_auroc(
+            embeddings, labels, c=self.geometry, reference_embeddings=reference_embeddings,
+            reference_labels=reference_labels, **({"clip_r": clip} if clip is not None else {}))
         return out
+
+    def retrieval_grid(self, embeddings, labels, reference_embeddings=None, reference_labels=None) -> Dict[str, str]:
+        """Top-5 neighbours of six seeded queries on the run's own protocol (every recipe): correct
+        neighbours framed green, wrong ones red."""
+        from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD
+        from ..evaluation import plot_retrieval_grid_from_embeddings
+
+        query_split, reference_splits = self.splits_to_eval[0]
+        gallery_set = None
+        if reference_embeddings is not None:  # the splits and order of Evaluator.capture_hook
+            others = [self.eval_sets[s] for s in reference_splits if s != query_split]
+            gallery_set = others[0] if len(others) == 1 else torch.utils.data.ConcatDataset(others)
+        path = os.path.join(self.run_dir, "retrieval_grid.png")
+        plot_retrieval_grid_from_embeddings(
+            embeddings, reference_embeddings, labels, reference_labels, self.eval_sets[query_split], gallery_set,
+            path, c=self.geometry if self.eval_curvature() is not None else None,
+            metric="euclidean",  # the tester's kNN on unnormalised outputs when there is no curvature
+            n_queries=6, k=5, seed=self.args.seed, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        return {"retrieval_grid": path}
 
     # ---- setup ----
     def say(self, *parts) -> None:
         if self.ctx.is_main:
             print(*parts, flush=True)
+
+    def status(self, message: str) -> None:
+        """A progress line for a phase that can take seconds (silenced by --quiet)."""
+        if not self.args.quiet:
+            self.say(f"[pml-hyperbolic] {message}")
 
     def setup_data(self):
         from ..data import build_dataset, build_transforms
@@ -359,6 +306,9 @@ class Recipe:
                      f"{', frozen: head-only training' if a.freeze_trunk else ''}) at {a.image_size}px, batch "
                      f"{a.batch_size} ({a.samples_per_class}/class), {a.epochs} epochs x {a.steps_per_epoch} steps; "
                      "the paper's ViT-S/16 setup runs with the real data (see --help).")
+        self.status(f"indexing the {self.dataset_name} data" + (f" in {self.data_root}" if self.data_root else "")
+                    + " ...")
+        started = time.time()
         kind = "glyph" if self.dataset_name == "glyphs" else "imagenet"
         train_tf = build_transforms(kind, train=True, image_size=a.image_size, resize_size=a.resize_size)
         eval_tf = build_transforms(kind, train=False, image_size=a.image_size, resize_size=a.resize_size)
@@ -373,6 +323,8 @@ class Recipe:
         names = {q for q, _ in self.splits_to_eval} | {r for _, refs in self.splits_to_eval for r in refs}
         self.eval_sets = {s: seeded_subset(build_dataset(self.dataset_name, s, root=self.data_root, transform=eval_tf),
                                            a.max_eval_samples, a.seed) for s in names}
+        sizes = ", ".join(f"{split} {len(ds)}" for split, ds in sorted(self.eval_sets.items()))
+        self.status(f"data ready: train {len(self.train_eval_set)}, {sizes} images ({time.time() - started:.1f} s)")
 
     def count_unreadable(self) -> int:
         """Distinct unreadable images met so far in the training and evaluation sets (the counts are
@@ -392,21 +344,37 @@ class Recipe:
         from ..backbones import build_backbone
 
         a = self.args
+        weights = (f"weights from {a.backbone_checkpoint}" if a.backbone_checkpoint
+                   else "pretrained weights" if a.pretrained else "random init")
+        self.status(f"loading backbone {a.backbone} ({weights}) ...")
+        started = time.time()
         trunk, dim = build_backbone(a.backbone, pretrained=a.pretrained, checkpoint=a.backbone_checkpoint,
                                     **backbone_size_kwargs(a.backbone, a.image_size))
+        self.status(f"backbone ready: {dim}-d features ({time.time() - started:.1f} s)")
         if a.freeze_patch_embed:
             freeze_patch_embedding(trunk)
         if a.freeze_trunk:
             trunk.requires_grad_(False)
         self.trunk = trunk.to(self.device)
         self.feature_dim = dim
+        self.setup_geometry(lambda: backbone_features(self.trunk, self.train_eval_set, self.device, seed=a.seed))
+        self.head = self.build_head(dim).to(self.device)
+
+    def setup_geometry(self, features_fn=None) -> None:
+        """``self.c`` and ``self.geometry`` (the one :class:`PoincareGeometry` every component shares)
+        from ``--curvature`` and ``--clip-r``; ``--curvature auto`` estimates c from the δ-hyperbolicity
+        of ``features_fn()`` (backbone features of training images). Non-hyperbolic recipes: None."""
+        a = self.args
         self.c = None
         if getattr(a, "curvature", None) is not None:
             self.c = a.curvature
             if a.curvature == "auto":
                 from ..evaluation import suggest_curvature
 
-                feats = backbone_features(self.trunk, self.train_eval_set, self.device, seed=a.seed)
+                if features_fn is None:
+                    raise ConfigError("--curvature auto needs backbone features to estimate c from")
+                self.status("--curvature auto: computing backbone features of up to 1000 training images ...")
+                feats = features_fn()
                 self.c = float(suggest_curvature(feats))
                 self.say(f"[pml-hyperbolic] --curvature auto: δ-hyperbolicity of {len(feats)} backbone features "
                          f"suggests c = {self.c:.4g}")
@@ -416,7 +384,6 @@ class Recipe:
 
             clip_r = getattr(a, "clip_r", None)
             self.geometry = PoincareGeometry(c=self.c, clip="hard" if clip_r is not None else None, clip_r=clip_r)
-        self.head = self.build_head(dim).to(self.device)
 
     def build_optimizers(self, trunk, head, loss_funcs: Dict) -> Dict:
         a = self.args
@@ -442,12 +409,25 @@ class Recipe:
         t0 = time.time()
         if a.quiet:
             os.environ["TQDM_DISABLE"] = "1"  # also silences PML's tester bars
-        self.device = select_device(a.device)
-        self.ctx = init_distributed(self.device, a.dist_backend)
+        if getattr(a, "threads", "auto") != "auto":
+            torch.set_num_threads(int(a.threads))
+        self.phase_seconds: Dict[str, float] = {}
+        try:
+            self.device = select_device(a.device)
+            self.ctx = init_distributed(self.device, a.dist_backend)
+        except PretrainedWeightsUnavailableError as err:
+            raise ConfigError(str(err)) from None
         try:
             return self._run(t0)
+        except PretrainedWeightsUnavailableError as err:
+            raise ConfigError(str(err)) from None
+        except DatasetNotFoundError as err:  # a folder with the wrong layout, a garbage annotation file
+            raise ConfigError(str(err)) from None
         finally:
             cleanup(self.ctx)
+
+    def _timed(self, phase: str, started: float) -> None:
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.time() - started
 
     def _run(self, t0) -> Dict:
         a = self.args
@@ -457,8 +437,19 @@ class Recipe:
         per_rank_batch = check_batch_settings(a.batch_size, a.samples_per_class, self.ctx.world_size)
         amp_dtype, use_scaler = resolve_amp(a.amp, self.device)  # a bad --amp fails before any data is read
         seed_everything(a.seed, a.deterministic)
+        started = time.time()
         self.setup_data()
+        self._timed("data", started)
         self.run_dir = a.output_dir or self.default_run_dir()
+        if self.ctx.is_main:
+            # Recipe.main checked this before loading anything; checked again for direct callers of run()
+            from .cli import check_run_folder
+
+            check_run_folder(self.run_dir, a.resume, a.overwrite)
+            if a.overwrite and previous_run_files(self.run_dir):
+                deleted = clear_previous_run(self.run_dir)
+                self.status(f"--overwrite: deleted the previous run's {', '.join(deleted)} in {self.run_dir}/")
+        barrier(self.ctx)
         config = cfg.config_to_dict(a)
         config["dataset_resolved"] = self.dataset_name
         self.config = config
@@ -467,8 +458,9 @@ class Recipe:
         resume_path = checkpoints.resolve(a.resume)
         checkpoint = checkpoints.load(resume_path) if resume_path else None
         if self.ctx.is_main:
-            run_logger.write_json("config.json", {k: v for k, v in config.items() if k != "resume"})
+            run_logger.write_json("config.json", {k: v for k, v in config.items() if k not in ("resume", "overwrite")})
 
+        started = time.time()
         self.setup_model()
         loss = self.build_loss()
         miner = self.build_miner()
@@ -480,6 +472,7 @@ class Recipe:
 
         tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers)
         evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values).install()
+        self.evaluator = evaluator  # its last_embeddings: the plots, and benches that score them further
         hook = EpochEndEvaluator(
             evaluator, checkpoints, run_logger, self.ctx, a.k_values,
             curvature_fn=(lambda: unwrap(self.head).c) if self.hyperbolic and hasattr(self.head, "c") else None,
@@ -501,6 +494,7 @@ class Recipe:
             amp_dtype=amp_dtype, use_grad_scaler=use_scaler, grad_clip_norm=a.grad_clip, max_steps=a.max_steps,
             show_progress=self.ctx.is_main and not a.quiet, **self.trainer_kwargs())
         self.trainer = trainer
+        self._timed("model", started)
 
         before = None
         start_epoch = 1
@@ -512,29 +506,45 @@ class Recipe:
             self.say(f"[pml-hyperbolic] resumed from {resume_path} (epoch {checkpoint['epoch']}, "
                      f"step {checkpoint['global_step']})")
         elif a.eval_before:
+            started = time.time()
             if self.ctx.is_main:
+                self.status("evaluating before training ...")
                 before = evaluator(self.trunk, self.head, 0)
                 self.say(f"before training  {format_recall(before, a.k_values)}")
                 run_logger.write_json("before.json", before)
             barrier(self.ctx)
+            self._timed("eval before", started)
 
+        started = time.time()
         trainer.train(start_epoch=start_epoch, num_epochs=a.epochs)
+        self._timed("training", started)
 
         results = {}
         if self.ctx.is_main:
             ran_epochs = hook.history and hook.history[-1]["epoch"] >= start_epoch
+            started = time.time()
             if ran_epochs and "recall_at_1" in hook.history[-1]:
                 after = {k: v for k, v in hook.history[-1].items() if k.startswith("recall_at_")}
             else:
+                self.status("evaluating after training ...")
                 after = evaluator(self.trunk, self.head, trainer.global_step)
+                self._timed("eval after", started)
             self.say(f"after training   {format_recall(after, a.k_values)}")
             emb = evaluator.last_embeddings
             plots = {}
             if not a.no_plots and emb is not None:
+                started = time.time()
+                self.status("drawing plots ...")
                 try:
                     plots = self.plots(*emb)
                 except (ImportError, ValueError) as err:  # e.g. too few points for the bins
                     self.say(f"[pml-hyperbolic] plots skipped: {err}")
+                try:
+                    plots.update(self.retrieval_grid(*emb))
+                except (ImportError, ValueError) as err:
+                    self.say(f"[pml-hyperbolic] retrieval grid skipped: {err}")
+                if plots:
+                    self._timed("plots", started)
             results = {
                 "recipe": self.name, "dataset": self.dataset_name, "curvature": self.c,
                 "before": before, "after": after, "best": hook.best,
@@ -543,15 +553,18 @@ class Recipe:
                 "wall_seconds": round(time.time() - t0, 1), "device": str(self.device),
                 "world_size": self.ctx.world_size, "run_dir": self.run_dir,
                 "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
+                "uncertainty_failure_auroc": getattr(self, "uncertainty_auroc", None),
+                "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()},
             }
             unreadable = self.count_unreadable()
             if unreadable:
                 self.say(f"[pml-hyperbolic] {unreadable} unreadable image(s) were skipped (see the warnings above; "
                          "dataset.check_images() lists them)")
             results["unreadable_images_skipped"] = unreadable
-            run_logger.write_json("results.json", results)
-            self.say(f"[pml-hyperbolic] results, checkpoints and plots in {self.run_dir}/ "
-                     f"({results['wall_seconds']:.0f} s)")
+            results_path = run_logger.write_json("results.json", results)
+            checkpoint_paths = [p for p in (checkpoints.last_path, checkpoints.best_path) if os.path.isfile(p)]
+            self.say(format_summary(results, a.k_values, results_path, checkpoint_paths,
+                                    uncertainty_bins=self.reports_uncertainty))
         run_logger.close()
         barrier(self.ctx)
         return results
@@ -564,6 +577,45 @@ class Recipe:
             with open(path) as handle:
                 return json.load(handle)
         return None
+
+
+PHASE_ORDER = ("data", "model", "eval before", "training", "eval after", "plots")
+
+
+def format_summary(results: Dict, k_values, results_path: Optional[str], checkpoint_paths,
+                   uncertainty_bins: bool = False) -> str:
+    """The end-of-run summary (~8 lines): Recall@K before/after for each K, the time of each phase,
+    and where the results, checkpoints and plots are."""
+    ks = list(k_values)
+    epochs = results.get("epochs_completed", 0)
+    head = (f"[pml-hyperbolic] summary: {results.get('recipe')} on {results.get('dataset')}, {epochs} epoch"
+            f"{'s' if epochs != 1 else ''}, {results.get('global_step', 0)} steps, {results.get('wall_seconds', 0):.0f} s")
+    width = max(7, *(len(f"R@{k}") + 2 for k in ks))
+    lines = [head, "          " + "".join(f"{'R@' + str(k):>{width}}" for k in ks)]
+    for label in ("before", "after"):
+        recall = results.get(label)
+        if recall:
+            lines.append(f"  {label:<8}" + "".join(f"{recall.get(f'recall_at_{k}', float('nan')):>{width}.3f}"
+                                                 for k in ks))
+    table = results.get("uncertainty_vs_recall")
+    if uncertainty_bins and table and len(table) > 1:
+        lines.append("  uncertainty bins, most certain first: R@1 "
+                     + " ".join(f"{row['recall_at_1']:.2f}" for row in table) + f" (n = {table[0]['count']} per bin)")
+    auroc = results.get("uncertainty_failure_auroc")
+    if uncertainty_bins and auroc is not None and auroc == auroc:
+        lines.append(f"  uncertainty AUROC for a wrong top-1: {auroc:.3f} (0.5 = no information)")
+    phases = results.get("phase_seconds") or {}
+    if phases:
+        lines.append("  time    " + " | ".join(f"{name} {phases[name]:.1f} s" for name in PHASE_ORDER
+                                               if name in phases))
+    if results_path:
+        lines.append(f"  results     {results_path}")
+    if checkpoint_paths:
+        lines.append(f"  checkpoints {', '.join(checkpoint_paths)}")
+    plots = results.get("plots") or {}
+    if plots:  # recipes that draw none (or --no-plots) get no line, rather than a claim
+        lines.append(f"  plots       {', '.join(plots.values())}")
+    return "\n".join(lines)
 
 
 @torch.no_grad()

@@ -1,0 +1,369 @@
+"""Retrieval grid: a few queries (one row each) with their top-k gallery images, framed green when
+the neighbour shares the query's class and red when it does not (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import poincare_ball as pb
+
+#: Frame colours (RGB in [0, 1]): a correct neighbour, a wrong one, the query itself.
+CORRECT_COLOUR = (0.13, 0.65, 0.20)
+WRONG_COLOUR = (0.85, 0.10, 0.10)
+QUERY_COLOUR = (0.45, 0.45, 0.45)
+
+
+# ---- images ----------------------------------------------------------------------------------
+
+def _is_image_like(value) -> bool:
+    return isinstance(value, (np.ndarray, torch.Tensor)) or hasattr(value, "convert")  # PIL has convert
+
+
+def fetch_item(images, index: int):
+    """``(image, label_or_None)`` of item ``index`` of ``images``: an N-array / tensor of images, a
+    sequence of images (arrays, tensors or PIL images), or a dataset returning ``(image, label)``."""
+    item = images[int(index)]
+    if isinstance(item, (tuple, list)) and len(item) >= 2 and _is_image_like(item[0]):
+        return item[0], item[1]
+    return item, None
+
+
+def to_display_image(image, mean: Optional[Sequence[float]] = None,
+                     std: Optional[Sequence[float]] = None) -> np.ndarray:
+    r"""One image as an (H × W × 3) float array in [0, 1] for ``imshow``.
+
+    Accepts a PIL image, or an array / tensor laid out H × W, C × H × W (C = 1 or 3, the torchvision
+    layout) or H × W × C (C = 1, 3 or 4; alpha dropped). ``uint8`` values are divided by 255. With
+    ``mean`` and ``std`` (per channel, as given to ``Normalize``) the normalisation is undone:
+    :math:`x \cdot \sigma + \mu`. Values then outside [0, 1] (beyond rounding) are an error: they
+    mean a normalised image whose ``mean``/``std`` were not given."""
+    if hasattr(image, "convert") and not isinstance(image, (np.ndarray, torch.Tensor)):
+        array = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
+    else:
+        raw = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+        if raw.dtype == np.uint8:
+            array = raw.astype(np.float64) / 255.0
+        elif np.issubdtype(raw.dtype, np.number) or raw.dtype == np.bool_:
+            array = raw.astype(np.float64)
+        else:
+            raise ValueError(f"an image must hold numbers, got dtype {raw.dtype}")
+        if array.ndim == 2:
+            array = array[:, :, None]
+        elif array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[2] not in (1, 3, 4):
+            array = array.transpose(1, 2, 0)  # C x H x W -> H x W x C
+        if array.ndim != 3 or array.shape[2] not in (1, 3, 4):
+            raise ValueError(f"an image must be H x W, C x H x W or H x W x C with C in (1, 3), got shape "
+                             f"{tuple(raw.shape)}")
+        array = array[:, :, :3]
+    if (mean is None) != (std is None):
+        raise ValueError("mean and std undo a normalisation together: give both or neither")
+    if mean is not None:
+        mean_a, std_a = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+        if mean_a.ndim != 1 or std_a.ndim != 1 or len(mean_a) not in (1, array.shape[2]) or len(std_a) != len(mean_a):
+            raise ValueError(f"mean and std must have one value per channel ({array.shape[2]}) or one in all, "
+                             f"got {len(np.atleast_1d(mean_a))} and {len(np.atleast_1d(std_a))}")
+        array = array * std_a + mean_a
+    if not np.isfinite(array).all():
+        raise ValueError("an image contains NaN/Inf values")
+    low, high = float(array.min()), float(array.max())
+    if low < -0.02 or high > 1.02:
+        raise ValueError(f"image values span [{low:.2f}, {high:.2f}], outside [0, 1]: for normalised images "
+                         "pass the mean= and std= of the Normalize transform so the grid can undo it")
+    if array.shape[2] == 1:
+        array = np.repeat(array, 3, axis=2)
+    return np.clip(array, 0.0, 1.0)
+
+
+def letterbox(array: np.ndarray) -> np.ndarray:
+    """Pad an (H × W × 3) image with white to a square, centred, so every cell shows it unstretched."""
+    height, width = array.shape[:2]
+    side = max(height, width)
+    out = np.ones((side, side, 3), dtype=array.dtype)
+    top, left = (side - height) // 2, (side - width) // 2
+    out[top:top + height, left:left + width] = array
+    return out
+
+
+# ---- choosing the queries --------------------------------------------------------------------
+
+def _as_label_vector(labels, name: str) -> np.ndarray:
+    array = labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if array.ndim == 2:
+        array = array[:, 0]  # hierarchical labels: correctness is judged on the finest level
+    if array.ndim != 1 or len(array) == 0:
+        raise ValueError(f"{name} must be a non-empty (N,) or (N, K) array, got shape {array.shape}")
+    return array
+
+
+def select_queries(top1_correct, n_queries: int, seed: int = 0) -> np.ndarray:
+    """Indices of ``n_queries`` queries drawn with a seeded generator, mixing a correct and a wrong
+    top-1: half of them (rounded down) with a wrong top-1, the rest correct, topped up from the other
+    kind when one runs short. Correct ones come first. Same inputs, same seed: same queries."""
+    correct = np.asarray(top1_correct, dtype=bool).reshape(-1)
+    n = min(int(n_queries), len(correct))
+    rng = np.random.default_rng(seed)
+    right, wrong = rng.permutation(np.flatnonzero(correct)), rng.permutation(np.flatnonzero(~correct))
+    n_wrong = min(len(wrong), max(n // 2, n - len(right)))
+    n_right = n - n_wrong
+    return np.concatenate([right[:n_right], wrong[:n_wrong]]).astype(np.int64)
+
+
+# ---- the grid --------------------------------------------------------------------------------
+
+def plot_retrieval_grid(
+    query_images,
+    gallery_images,
+    neighbour_indices,
+    query_labels,
+    gallery_labels,
+    path,
+    n_queries: int = 6,
+    k: int = 5,
+    query_indices=None,
+    distances=None,
+    seed: int = 0,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+    cell_inches: float = 1.3,
+    dpi: int = 100,
+    title: Optional[str] = None,
+):
+    """Write a PNG of ``n_queries`` queries, one row each: the query (grey frame), then its top-``k``
+    gallery images in order, framed green when the neighbour's label equals the query's, red otherwise.
+
+    Args:
+        query_images / gallery_images: an N × … array or tensor of images, a sequence of images, or a
+            dataset whose items are ``(image, label)`` (only the shown items are read). Images as in
+            :func:`to_display_image`; the dataset's label must then equal the given label (a check
+            that embeddings and images are in the same order).
+        neighbour_indices: (Q × ≥k) gallery indices of each query's neighbours, nearest first (self
+            already excluded for self-retrieval, as :class:`~pml_hyperbolic.evaluation.HyperbolicKNN`
+            returns them).
+        query_labels / gallery_labels: (Q,) and (G,) labels ((·, K) hierarchical: the finest level).
+        query_indices: the rows to show (default: :func:`select_queries` with ``seed``, mixing
+            correct and wrong top-1).
+        distances: optional (Q × ≥k) distances, printed under each neighbour.
+        mean / std: undo this normalisation before display (e.g. the ImageNet statistics).
+        cell_inches: side of one image cell.
+
+    Returns:
+        dict with ``query_indices`` (n,), ``neighbour_indices`` (n × k), ``hits`` (n × k bool) and
+        ``cell_boxes`` (n × (k + 1) × 4: top, left, bottom, right of each cell in PNG pixels;
+        column 0 is the query).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, value in (("n_queries", n_queries), ("k", k), ("dpi", dpi)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not (isinstance(cell_inches, (int, float)) and cell_inches > 0):
+        raise ValueError(f"cell_inches must be a number > 0, got {cell_inches!r}")
+    q_labels = _as_label_vector(query_labels, "query_labels")
+    g_labels = _as_label_vector(gallery_labels, "gallery_labels")
+    neighbours = neighbour_indices.detach().cpu().numpy() if isinstance(neighbour_indices, torch.Tensor) \
+        else np.asarray(neighbour_indices)
+    if neighbours.ndim != 2 or neighbours.shape[0] != len(q_labels):
+        raise ValueError(f"neighbour_indices must be Q x k with Q = {len(q_labels)} (one row per query label), "
+                         f"got shape {neighbours.shape}")
+    if neighbours.shape[1] < k:
+        raise ValueError(f"neighbour_indices has {neighbours.shape[1]} neighbour(s) per query but k = {k}: "
+                         "compute more neighbours or lower k")
+    if not np.issubdtype(neighbours.dtype, np.integer):
+        raise ValueError(f"neighbour_indices must hold integer gallery indices, got dtype {neighbours.dtype}")
+    neighbours = neighbours[:, :k].astype(np.int64)
+    if neighbours.min() < 0 or neighbours.max() >= len(g_labels):
+        raise ValueError(f"neighbour_indices must lie in [0, {len(g_labels)}) (one gallery label per index), "
+                         f"got values in [{neighbours.min()}, {neighbours.max()}]")
+    for name, images, n in (("query_images", query_images, len(q_labels)),
+                            ("gallery_images", gallery_images, len(g_labels))):
+        if len(images) != n:
+            raise ValueError(f"{name} has {len(images)} item(s) but there are {n} labels for it")
+    dist = None
+    if distances is not None:
+        dist = distances.detach().cpu().numpy() if isinstance(distances, torch.Tensor) else np.asarray(distances)
+        if dist.shape[0] != len(q_labels) or dist.ndim != 2 or dist.shape[1] < k:
+            raise ValueError(f"distances must be Q x >=k like neighbour_indices, got shape {dist.shape}")
+    hits_all = g_labels[neighbours] == q_labels[:, None]
+    if query_indices is None:
+        rows = select_queries(hits_all[:, 0], n_queries, seed)
+    else:
+        rows = np.asarray(query_indices, dtype=np.int64).reshape(-1)
+        if len(rows) == 0 or rows.min() < 0 or rows.max() >= len(q_labels):
+            raise ValueError(f"query_indices must be a non-empty list of query rows in [0, {len(q_labels)})")
+    hits = hits_all[rows]
+
+    def shown(images, index, labels, name):
+        image, label = fetch_item(images, index)
+        if label is not None:
+            found = np.asarray(label.detach().cpu() if isinstance(label, torch.Tensor) else label).reshape(-1)
+            if found.size and found[0] != labels[index]:
+                raise ValueError(f"{name}[{index}] carries label {found[0]} but its given label is "
+                                 f"{labels[index]}: the images and the labels/embeddings are not in the same order")
+        return letterbox(to_display_image(image, mean, std))
+
+    n_rows, n_cols = len(rows), k + 1
+    gap, text_h, header_h, margin = 0.3 * cell_inches, 0.32, 0.75 if title != "" else 0.35, 0.12
+    width = margin * 2 + n_cols * cell_inches + gap
+    height = header_h + n_rows * (cell_inches + text_h) + margin
+    fig = plt.figure(figsize=(width, height), dpi=dpi)
+    boxes = np.zeros((n_rows, n_cols, 4), dtype=np.int64)
+    frame_width = max(2.5, 3.5 * cell_inches / 1.3)
+    for r, q in enumerate(rows):
+        top_in = header_h + r * (cell_inches + text_h)
+        for col in range(n_cols):
+            left_in = margin + col * cell_inches + (gap if col > 0 else 0.0)
+            inset = 0.06 * cell_inches  # room for the frame between neighbouring cells
+            x0, y0 = (left_in + inset) / width, 1.0 - (top_in + cell_inches - inset) / height
+            side_w, side_h = (cell_inches - 2 * inset) / width, (cell_inches - 2 * inset) / height
+            ax = fig.add_axes((x0, y0, side_w, side_h))
+            if col == 0:
+                picture, colour = shown(query_images, q, q_labels, "query_images"), QUERY_COLOUR
+                caption = f"query #{q}\nclass {q_labels[q]}"
+            else:
+                g = neighbours[q, col - 1]
+                picture = shown(gallery_images, g, g_labels, "gallery_images")
+                colour = CORRECT_COLOUR if hits[r, col - 1] else WRONG_COLOUR
+                caption = f"class {g_labels[g]}" + (f"\nd = {dist[q, col - 1]:.3g}" if dist is not None else "")
+            ax.imshow(picture, aspect="auto", interpolation="bilinear")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_color(colour)
+                spine.set_linewidth(frame_width)
+            ax.text(0.5, -0.06, caption, transform=ax.transAxes, ha="center", va="top", fontsize=7,
+                    color="black" if col == 0 else colour)
+            boxes[r, col] = (round((1.0 - y0 - side_h) * height * dpi), round(x0 * width * dpi),
+                             round((1.0 - y0) * height * dpi), round((x0 + side_w) * width * dpi))
+    # column headers
+    header_y = 1.0 - (header_h - 0.08) / height
+    fig.text((margin + cell_inches / 2) / width, header_y, "query", ha="center", va="bottom", fontsize=9)
+    for col in range(1, n_cols):
+        centre = margin + col * cell_inches + gap + cell_inches / 2
+        fig.text(centre / width, header_y, f"top-{col}", ha="center", va="bottom", fontsize=9)
+    if title != "":
+        n_right = int(hits[:, 0].sum())
+        fig.text(0.5, 1.0 - 0.08 / height,
+                 title or (f"top-{k} retrieval of {n_rows} queries ({n_right} with a correct top-1)\n"
+                           "green: same class as the query   red: another class"),
+                 ha="center", va="top", fontsize=9)
+    fig.savefig(path, dpi=dpi)  # no tight bbox: the cell boxes stay where they were placed
+    plt.close(fig)
+    return {"query_indices": rows, "neighbour_indices": neighbours[rows], "hits": hits, "cell_boxes": boxes}
+
+
+# ---- from embeddings -------------------------------------------------------------------------
+
+def nearest_neighbours(query, gallery, k: int, c=None, exclude=None, metric: str = "cosine",
+                       batch_size: int = 1024):
+    r"""(distances, indices), both (Q × k), of each query's k nearest gallery embeddings.
+
+    ``c`` given (float, tensor or :class:`~pml_hyperbolic.geometry.PoincareGeometry`): the exact
+    Poincaré distance :math:`d_c` (:class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, the index
+    behind :class:`~pml_hyperbolic.evaluation.HyperbolicKNN`). ``c=None``: ``metric="cosine"``, the
+    cosine distance :math:`1 - \langle q, g\rangle / (\lVert q\rVert \lVert g\rVert)`, or
+    ``metric="euclidean"``, :math:`\lVert q - g\rVert` (PML's default kNN on unnormalised embeddings).
+    ``exclude`` (Q,) gives for each query a gallery index never to return (its own, for
+    self-retrieval; -1 = none)."""
+    if metric not in ("cosine", "euclidean"):
+        raise ValueError(f"metric must be 'cosine' or 'euclidean' (used when c is None), got {metric!r}")
+    q = torch.as_tensor(query).detach().cpu()
+    g = torch.as_tensor(gallery).detach().cpu()
+    if q.dim() != 2 or g.dim() != 2 or q.shape[0] == 0 or g.shape[0] == 0:
+        raise ValueError(f"query and gallery embeddings must be non-empty 2-D arrays, got shapes "
+                         f"{tuple(q.shape)} and {tuple(g.shape)}")
+    if q.shape[1] != g.shape[1]:
+        raise ValueError(f"query embeddings have dimension {q.shape[1]} but gallery embeddings {g.shape[1]}")
+    if not (torch.isfinite(q).all() and torch.isfinite(g).all()):
+        raise ValueError("embeddings contain NaN/Inf values")
+    excluded = torch.full((q.shape[0],), -1, dtype=torch.long) if exclude is None \
+        else torch.as_tensor(exclude, dtype=torch.long).reshape(-1)
+    available = g.shape[0] - int(bool((excluded >= 0).any()))
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= available:
+        raise ValueError(f"k must be an integer in [1, {available}] (the gallery size"
+                         f"{' less the query itself' if available < g.shape[0] else ''}), got {k!r}")
+    if c is not None:
+        from .hyperbolic_index import HyperbolicIndex
+
+        index = HyperbolicIndex(c=float(pb.as_curvature(c, torch.float64).detach()))
+        index.add(g.float())
+        return index.search(q.float(), int(k), query_ids=excluded if exclude is not None else None)
+    cosine = metric == "cosine"
+    qn = torch.nn.functional.normalize(q.double(), dim=1) if cosine else q.double()
+    gn = torch.nn.functional.normalize(g.double(), dim=1) if cosine else g.double()
+    out_d, out_i = [], []
+    for start in range(0, q.shape[0], batch_size):
+        # similarity: the cosine, or minus the Euclidean distance (larger = nearer in both)
+        sim = qn[start:start + batch_size] @ gn.T if cosine else -torch.cdist(qn[start:start + batch_size], gn)
+        ids = excluded[start:start + batch_size]
+        own = ids >= 0
+        sim[torch.nonzero(own).reshape(-1), ids[own]] = -math.inf
+        top, idx = sim.topk(int(k), dim=1)  # ties: torch's order; the hyperbolic path breaks them by index
+        out_d.append(1.0 - top if cosine else -top)
+        out_i.append(idx)
+    return torch.cat(out_d).float(), torch.cat(out_i)
+
+
+def plot_retrieval_grid_from_embeddings(
+    query_embeddings,
+    gallery_embeddings,
+    query_labels,
+    gallery_labels,
+    query_images,
+    gallery_images,
+    path,
+    c=None,
+    n_queries: int = 6,
+    k: int = 5,
+    seed: int = 0,
+    max_candidates: int = 2000,
+    metric: str = "cosine",
+    **grid_kwargs,
+):
+    """:func:`plot_retrieval_grid` from embeddings: one call for a training run.
+
+    The neighbours come from :func:`nearest_neighbours`: the Poincaré distance when ``c`` (a float
+    or the run's geometry) is given, else ``metric`` (cosine, or Euclidean as PML's default kNN).
+    ``gallery_embeddings=None`` (with ``gallery_labels`` and ``gallery_images`` None) is
+    self-retrieval among the queries, each query excluded from its own neighbours (the
+    leave-one-out protocol of CUB, Cars and SOP). Only the top-1 of a seeded sample of
+    ``max_candidates`` queries is searched (to pick a mix of correct and wrong queries), then the
+    top-``k`` of the shown ones. ``grid_kwargs`` go to :func:`plot_retrieval_grid` (``mean``,
+    ``std``, ``title``, ...). Returns its dict."""
+    q = torch.as_tensor(query_embeddings).detach().cpu()
+    self_retrieval = gallery_embeddings is None
+    if self_retrieval:
+        if gallery_labels is not None or gallery_images is not None:
+            raise ValueError("gallery_labels / gallery_images given without gallery_embeddings: give all three "
+                             "(query vs gallery) or none (self-retrieval among the queries)")
+        g, gallery_labels, gallery_images = q, query_labels, query_images
+    else:
+        if gallery_labels is None or gallery_images is None:
+            raise ValueError("gallery_embeddings needs gallery_labels and gallery_images as well")
+        g = torch.as_tensor(gallery_embeddings).detach().cpu()
+    q_labels = _as_label_vector(query_labels, "query_labels")
+    g_labels = _as_label_vector(gallery_labels, "gallery_labels")
+    if len(q_labels) != q.shape[0] or len(g_labels) != g.shape[0]:
+        raise ValueError(f"labels must have one entry per embedding: {len(q_labels)} query labels for "
+                         f"{q.shape[0]} queries, {len(g_labels)} gallery labels for {g.shape[0]} gallery items")
+    if isinstance(max_candidates, bool) or not isinstance(max_candidates, (int, np.integer)) or max_candidates < 1:
+        raise ValueError(f"max_candidates must be a positive integer, got {max_candidates!r}")
+    own = torch.arange(q.shape[0]) if self_retrieval else None
+    # the top-1 of a seeded sample of queries is enough to pick a mix: the cost stays bounded on SOP-sized sets
+    candidates = np.sort(np.random.default_rng(seed).permutation(q.shape[0])[:max_candidates])
+    _, top1 = nearest_neighbours(q[candidates], g, 1, c=c, metric=metric,
+                                 exclude=own[candidates] if own is not None else None)
+    rows = candidates[select_queries(g_labels[top1[:, 0].numpy()] == q_labels[candidates], n_queries, seed)]
+    distances, neighbours = nearest_neighbours(q[rows], g, k, c=c, metric=metric,
+                                               exclude=own[rows] if own is not None else None)
+    full_neighbours = np.zeros((q.shape[0], k), dtype=np.int64)
+    full_distances = np.full((q.shape[0], k), np.nan)
+    full_neighbours[rows], full_distances[rows] = neighbours.numpy(), distances.double().numpy()
+    return plot_retrieval_grid(query_images, gallery_images, full_neighbours, q_labels, g_labels, path,
+                               n_queries=len(rows), k=k, query_indices=rows, distances=full_distances,
+                               **grid_kwargs)
