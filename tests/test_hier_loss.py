@@ -214,6 +214,116 @@ def test_straight_through_gradient_matches_naive_formula():
     assert loss.proxies.grad is None and got[1].abs().sum() > 0
 
 
+def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
+    """Training mode: the same Gumbel noise fed to the per-op textbook estimator (hard Gumbel-softmax,
+    g = −log(−log U)) gives the same losses and gradients as the fused exponential-race form."""
+    from pml_hyperbolic.losses import hier_loss
+
+    draws = []
+
+    def recording_source(device):
+        gen = torch.Generator().manual_seed(5)
+
+        def fill(t):
+            t.copy_(torch.rand(t.shape, generator=gen, dtype=t.dtype))
+            draws.append(t.clone())
+            return t
+        return fill
+
+    monkeypatch.setattr(hier_loss, "_uniform_source", recording_source)
+    d, p, tau = 3, 6, 0.5
+    loss = make_loss(d, p, seed=6, proxy_std=0.8, proxy_term=False, tau=tau).double()
+    assert loss.training and loss.stochastic_lca
+    E = ball_points(8, d, 0.1, 31).requires_grad_()
+    y = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    out = loss.compute_loss(E, y, None, E, y)["loss"]
+    a, pp, n = out["indices"]
+    got = torch.autograd.grad(out["losses"].mean(), [E, loss.proxies])
+    assert len(draws) == 2  # one block: U for LCA(i, j), then for LCA(i, j, k), all triplets
+    from pml_hyperbolic import poincare_ball as pb
+    D = pb.pairwise_dist(E, loss.proxies_in_ball(), 0.1)
+    # the kept rows of the (T, P) draws: recompute every triplet's row id from the kept triplets
+    all_a, all_p, all_n = hier_loss._triplets_from_masks(
+        (y.view(-1, 1) == y.view(1, -1)) & ~torch.eye(8, dtype=torch.bool), y.view(-1, 1) != y.view(1, -1), 8192)
+    key = lambda *t: (t[0] * 64 + t[1]) * 64 + t[2]  # noqa: E731
+    row = {int(k): r for r, k in enumerate(key(all_a, all_p, all_n))}
+    rows = torch.tensor([row[int(k)] for k in key(a, pp, n)])
+    u1, u2 = draws[0][rows], draws[1][rows]
+    di, dj, dk = D[a], D[pp], D[n]
+    m_ij = torch.maximum(di, dj)
+    m_ijk = torch.maximum(m_ij, dk)
+
+    def st(m, u):
+        z = -m / tau - torch.log(-torch.log(u))
+        s = torch.softmax(z, dim=1)
+        return torch.nn.functional.one_hot(z.argmax(1), p).to(s.dtype) + s - s.detach()
+
+    w1, w2 = st(m_ij, u1), st(m_ijk, u2)
+    dd = lambda x, w: (x * w).sum(1)  # noqa: E731
+    want_val = (torch.relu(dd(di, w1) - dd(di, w2) + 0.1) + torch.relu(dd(dj, w1) - dd(dj, w2) + 0.1)
+                + torch.relu(dd(dk, w2) - dd(dk, w1) + 0.1))
+    assert torch.allclose(want_val, out["losses"].detach(), atol=1e-12)
+    want = torch.autograd.grad(want_val.mean(), [E, loss.proxies])
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-10)
+
+
+def test_blocked_equals_one_block(monkeypatch):
+    """The (T, P) work runs in blocks of rows; any block size gives the same losses and gradients."""
+    from pml_hyperbolic.losses import hier_loss
+
+    E = ball_points(12, 4, 0.1, 13).requires_grad_()
+    y = torch.arange(4).repeat_interleave(3)
+    results = []
+    for elements in (1 << 18, 9 * 5, 1):  # one block; 5 rows per block; one row per block
+        monkeypatch.setattr(hier_loss, "_BLOCK_ELEMENTS", elements)
+        loss = make_loss(4, 9, seed=3, stochastic_lca=False, proxy_nn_k=2).double()
+        out = loss(E, y)
+        results.append((out.detach(), torch.autograd.grad(out, [E, loss.proxies])))
+    for val, grads in results[1:]:
+        assert torch.allclose(val, results[0][0], atol=1e-12)
+        for a, b in zip(grads, results[0][1]):
+            assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_stochastic_reproducible_and_checkpoint_redraws_same_noise(monkeypatch):
+    """torch.manual_seed fixes the Gumbel noise (drawn by numpy, seeded from torch's generator), and
+    the chunked path's recomputation in backward (activation checkpointing) redraws the same noise:
+    its gradients equal those of running the chunks without checkpointing."""
+    from pml_hyperbolic.losses import hier_loss
+
+    E = ball_points(16, 6, 0.1, 3).requires_grad_()
+    y = torch.arange(4).repeat_interleave(4)
+
+    def run(chunk):
+        loss = make_loss(6, 12, seed=2, chunk_size=chunk, proxy_nn_k=3).double()
+        torch.manual_seed(11)
+        out = loss(E, y)
+        return out.detach(), torch.autograd.grad(out, [E, loss.proxies])
+
+    v1, g1 = run(10_000)
+    v2, g2 = run(10_000)
+    assert torch.equal(v1, v2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    v3, g3 = run(17)  # several chunks, checkpointed
+    monkeypatch.setattr(hier_loss, "checkpoint", lambda fn, *args, **kw: fn(*args))
+    v4, g4 = run(17)  # the same chunks, kept in memory
+    assert torch.equal(v3, v4)
+    for a, b in zip(g3, g4):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_first_index_of_is_argmax_with_lowest_index_on_ties():
+    from pml_hyperbolic.losses.hier_loss import _first_index_of
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (50, 37), generator=g).float()  # many ties
+    assert torch.equal(_first_index_of(x, x.amax(1, keepdim=True)), x.argmax(1))
+    assert torch.equal(_first_index_of(x, x.amin(1, keepdim=True)), x.argmin(1))
+    y = torch.randn(20, 600, generator=g, dtype=torch.float64)
+    assert torch.equal(_first_index_of(y, y.amax(1, keepdim=True)), y.argmax(1))
+    assert _first_index_of(torch.zeros(2, 5), torch.zeros(2, 1)).tolist() == [0, 0]
+
+
 def test_gradients_reach_proxies_and_embeddings_stochastic():
     loss = make_loss(8, 32, proxy_std=0.05)
     assert loss.training and loss.stochastic_lca

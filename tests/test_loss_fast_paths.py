@@ -235,6 +235,49 @@ def test_margin_dense_reduction_matches_listed_hierarchical_labels(extra_ref):
         assert_same(run(fast, z + 0.01 * step, y, r, ry), run(slow, z + 0.01 * step, y, r, ry))
 
 
+@pytest.mark.parametrize("extra_ref", [False, True])
+@pytest.mark.parametrize("levels", [1, 3])
+def test_margin_triplet_binned_reduction_matches_listed(extra_ref, levels):
+    """Triplet form: the binned mean of the non-zero hinges (per-anchor thresholds, no (P, R)
+    matrix) == AvgNonZero over every listed triplet, value and gradient, also with running means."""
+    z, y, r, ry = batch(n_cls=6, m=4, extra_ref=extra_ref, seed=13)
+    if levels == 3:
+        y = torch.stack([y, y // 2, y // 4], 1)
+        ry = None if ry is None else torch.stack([ry, ry // 2, ry // 4], 1)
+    fast = HierarchicalMarginLoss(num_classes=8, gamma=0.3, level_gamma=0.2).double()
+    slow = HierarchicalMarginLoss(num_classes=8, gamma=0.3, level_gamma=0.2, reducer=ListedAvgNonZero()).double()
+    for step in range(2):  # second step: running estimates in use
+        assert_same(run(fast, z + 0.01 * step, y, r, ry), run(slow, z + 0.01 * step, y, r, ry))
+
+
+def test_margin_triplet_binned_reduction_uneven_and_many_positives():
+    """Uneven positive counts per anchor (padding), an anchor with no negative, and > 32 positives
+    per anchor (the binary-search branch of the bin count)."""
+    g = torch.Generator().manual_seed(3)
+    z = ToPoincare(c=0.1)(torch.randn(60, 6, generator=g, dtype=torch.float64))
+    for y in (torch.tensor([0] * 40 + [1] * 3 + [2] * 2 + list(range(3, 18))),  # 39 positives of class 0
+              torch.tensor([0] * 5 + [1] * 2 + [2] * 53)):
+        fast = HierarchicalMarginLoss(num_classes=18, gamma=0.5).double()
+        slow = HierarchicalMarginLoss(num_classes=18, gamma=0.5, reducer=ListedAvgNonZero()).double()
+        assert_same(run(fast, z, y, None, None), run(slow, z, y, None, None))
+    only_one_class = torch.zeros(60, dtype=torch.long)  # positives but no negative: loss 0
+    out = HierarchicalMarginLoss(num_classes=1).double()(z.clone().requires_grad_(), only_one_class)
+    assert float(out.detach()) == 0.0
+
+
+def test_count_below_matches_searchsorted_with_ties():
+    from pml_hyperbolic.losses.hierarchical_margin_loss import _count_below
+
+    g = torch.Generator().manual_seed(0)
+    for k in (1, 5, 32, 33, 70):
+        rows = torch.randint(-3, 4, (9, k), generator=g).double().sort(dim=1).values  # repeated values
+        vals = torch.randint(-4, 5, (9, 50), generator=g).double()  # equal to thresholds too
+        want = torch.searchsorted(rows, vals, side="left")
+        assert torch.equal(_count_below(rows, vals), want)
+    rows = torch.tensor([[float("-inf"), 0.0, float("inf")]])
+    assert _count_below(rows, torch.tensor([[float("-inf"), -1.0, 0.0, 1.0]])).tolist() == [[0, 1, 1, 2]]
+
+
 def test_triplet_and_log_ratio_large_batch_finite():
     z = ToPoincare(c=0.1)(torch.randn(900, 32)).requires_grad_()
     y = torch.arange(100).repeat_interleave(9)

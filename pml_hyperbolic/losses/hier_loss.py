@@ -1,7 +1,7 @@
 """HIER: hierarchical-proxy regulariser (Kim, Jeong, Kwak, CVPR 2023)."""
 from __future__ import annotations
 
-
+import numpy as np
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
@@ -15,19 +15,15 @@ from .._batch_utils import self_match_mask
 from ._common import check_labels, check_nonnegative, check_positive
 
 _POSITIVES = ("labels", "labels+mutual_nn")
+# Elements of (rows × proxies) per block of the triplet computation: temporaries of ~1 MiB (float32)
+# stay in cache and are recycled by the allocator instead of faulting in fresh pages every time.
+_BLOCK_ELEMENTS = 1 << 18
 
 
 def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def _gumbel_like(x: torch.Tensor) -> torch.Tensor:
-    """Gumbel(0, 1) noise −log(−log U) (uniform draws are much cheaper than exponential_ on CPU)."""
-    tiny = torch.finfo(x.dtype).tiny
-    u = torch.rand_like(x).clamp_(tiny, 1.0 - torch.finfo(x.dtype).eps)
-    return u.log_().neg_().log_().neg_()
 
 
 def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor) -> torch.Tensor:
@@ -74,6 +70,151 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     return aa, p[pair_id], neg_cols[row_start[aa] + rank]
 
 
+def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """(R,) long: the first column where each row of ``x`` (R, P) equals ``value`` (R, 1).
+
+    With ``value`` a row max (min) this is ``argmax`` (``argmin``), lowest index on ties, in three
+    vectorised passes: aten's CPU arg-reductions are scalar loops, ~4× slower than the three."""
+    p = x.shape[1]
+    hit = torch.eq(x, value, out=torch.empty_like(x))
+    descending = torch.arange(p, 0, -1, device=x.device, dtype=x.dtype)  # p - column (exact in float)
+    return (p - hit.mul_(descending).amax(dim=1)).long()
+
+
+def _uniform_source(device: torch.device):
+    """A function filling a tensor with U[0, 1) draws, seeded from torch's generator.
+
+    On CPU numpy's PCG64 (~1.8 ns per float32) instead of aten's ``uniform_`` (an mt19937 scalar
+    loop, ~2.9 ns, the largest single cost of the stochastic loss); its seed is drawn from torch's
+    default generator, so ``torch.manual_seed`` reproduces the noise and activation checkpointing
+    (which restores torch's RNG state) redraws the same. Other devices: ``uniform_``."""
+    if device.type != "cpu":
+        return lambda t: t.uniform_()
+    rng = np.random.Generator(np.random.PCG64(int(torch.randint(0, 2 ** 62, ()))))
+
+    def fill(t):
+        rng.random(out=t.numpy(), dtype=np.float32 if t.dtype == torch.float32 else np.float64)
+        return t
+
+    return fill
+
+
+def _select_lca(m: torch.Tensor, tau: float, uniform, need_pi: bool):
+    r"""Row-wise LCA choice :math:`\arg\max_p (z_p + g_p)` with :math:`z = -m/\tau`, and
+    :math:`\pi = \operatorname{softmax}(z + g)` (None unless ``need_pi``). ``m`` is overwritten.
+
+    ``uniform`` None: g = 0, the plain argmax (first maximum on ties) and softmax. Otherwise
+    ``uniform`` fills a tensor with U[0, 1) draws and g is Gumbel noise, drawn as the exponential
+    race :math:`g_p = -\log E_p`, :math:`E_p = -\log U_p \sim \operatorname{Exp}(1)`: with
+    :math:`e^{z_p + g_p} = e^{z_p}/E_p`, :math:`q_p = e^{z_p - \max z} / \log U_p = -e^{z_p + g_p - \max z}`,
+    the choice is :math:`\arg\min q` and :math:`\pi = q / \sum q`: one logarithm per element
+    instead of the two of :math:`-\log(-\log U)`, and no separate softmax (U = 0: weight 0)."""
+    z = m.div_(-tau)
+    z_max = z.amax(dim=1, keepdim=True)
+    if uniform is None:
+        choice = _first_index_of(z, z_max)
+        return choice, (z.softmax(dim=1) if need_pi else None)
+    log_u = uniform(torch.empty_like(z)).log_()
+    q = z.sub_(z_max).exp_().div_(log_u)
+    choice = _first_index_of(q, q.amin(dim=1, keepdim=True))
+    return choice, (q.div_(q.sum(dim=1, keepdim=True)) if need_pi else None)
+
+
+class _LCATripletLoss(torch.autograd.Function):
+    r"""Per-triplet HIER loss with the straight-through LCA gradient, as one autograd node.
+
+    Forward, for triplet rows t = (i, j, k) and candidates p, with :math:`D` = ``dist`` (N, P):
+    :math:`m^{1} = \max(D_i, D_j)`, :math:`m^{2} = \max(m^{1}, D_k)`,
+    :math:`z^{r} = -m^{r}/\tau + g^{r}` (g: Gumbel noise or 0), :math:`a = \arg\max z^{1}`,
+    :math:`b = \arg\max z^{2}` (:func:`_select_lca`), and
+
+    .. math::
+        \ell = [D_{ia} - D_{ib} + \delta]_+ + [D_{ja} - D_{jb} + \delta]_+ + [D_{kb} - D_{ka} + \delta]_+ .
+
+    Backward: the hard path's exact gradient (±1 at the selected proxies, through each active
+    hinge) plus that of the straight-through term :math:`\sum_p (\pi^{1}_p - \pi^{2}_p) w_p`
+    (value 0), :math:`\pi^{r} = \operatorname{softmax}(z^{r})`,
+    :math:`w = [h_1>0] D_i + [h_2>0] D_j - [h_3>0] D_k`, whose row-t gradient is :math:`c_t/\tau` times
+
+    .. math::
+        \frac{\partial}{\partial m^{1}} = -u^{1}, \quad \frac{\partial}{\partial m^{2}} = u^{2},
+        \qquad u^{r} = \pi^{r} \odot (w - \langle \pi^{r}, w\rangle),
+
+    routed through the maxima to :math:`D_i, D_j, D_k` (ties to the first argument). All of this
+    but the row factor :math:`c_t/\tau` is known in the forward pass, so the forward computes the
+    three (T, P) unit-factor gradients block by block (``block`` rows: temporaries that stay in
+    cache and are reused by the allocator) and the backward only scales their rows, adds the hard
+    path and scatters them into (N, P). Autograd over the per-op form kept a dozen (T, P)
+    intermediates and ran a backward kernel for each (gathers, maxima, both softmaxes, the
+    zero-valued product, bool-mask routing); that cost ~25 times PML's SupConLoss at B = 900.
+    """
+
+    @staticmethod
+    def forward(ctx, dist, i, j, k, tau, margin, stochastic, block):
+        n, p = i.numel(), dist.shape[1]
+        need_grad = ctx.needs_input_grad[0]
+        loss = dist.new_empty(n)
+        a = torch.empty(n, dtype=torch.long, device=dist.device)
+        b = torch.empty_like(a)
+        if need_grad:
+            grads = dist.new_empty(3, n, p)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
+            on = dist.new_empty(3, n)  # active hinges
+        uniform = _uniform_source(dist.device) if stochastic else None
+        for start in range(0, n, block):
+            rows = slice(start, start + block)
+            di, dj, dk = (dist.index_select(0, idx[rows]) for idx in (i, j, k))
+            m1 = torch.maximum(di, dj)
+            if need_grad:  # routing through the maxima as 0/1 floats written straight into float
+                # tensors (``out=``): bool masks, or converting them, are several times slower on CPU
+                i_wins = torch.ge(di, dj, out=torch.empty_like(di))
+                k_wins = torch.gt(dk, m1, out=torch.empty_like(di))
+            m2 = torch.maximum(m1, dk)
+            a_r, pi1 = _select_lca(m1, tau, uniform, need_grad)
+            b_r, pi2 = _select_lca(m2, tau, uniform, need_grad)
+            a[rows], b[rows] = a_r, b_r
+            a_col, b_col = a_r.view(-1, 1), b_r.view(-1, 1)
+            h1 = di.gather(1, a_col) - di.gather(1, b_col) + margin  # (rows, 1)
+            h2 = dj.gather(1, a_col) - dj.gather(1, b_col) + margin
+            h3 = dk.gather(1, b_col) - dk.gather(1, a_col) + margin
+            loss[rows] = (torch.relu(h1) + torch.relu(h2) + torch.relu(h3)).view(-1)
+            if not need_grad:
+                continue
+            on1, on2, on3 = (h > 0 for h in (h1, h2, h3))
+            on1, on2, on3 = on1.to(di.dtype), on2.to(di.dtype), on3.to(di.dtype)
+            on[0, rows], on[1, rows], on[2, rows] = on1.view(-1), on2.view(-1), on3.view(-1)
+            w = di.mul_(on1).addcmul_(dj, on2).addcmul_(dk, on3, value=-1.0)
+            u1 = torch.mul(pi1, w)  # u = π ⊙ w − π ⟨π, w⟩
+            u1.addcmul_(pi1, u1.sum(dim=1, keepdim=True), value=-1.0)
+            u2 = w.mul_(pi2)
+            u2.addcmul_(pi2, u2.sum(dim=1, keepdim=True), value=-1.0)
+            g_i, g_j, g_k = grads[0, rows], grads[1, rows], grads[2, rows]
+            torch.mul(u2, k_wins, out=g_k)  # m² = max(m¹, D_k): d/dm² to D_k where it is the larger
+            g_m1 = u2.sub_(g_k).sub_(u1)  # the rest of d/dm², plus d/dm¹ = −u¹
+            torch.mul(g_m1, i_wins, out=g_i)
+            torch.sub(g_m1, g_i, out=g_j)
+        ctx.mark_non_differentiable(a, b)
+        if need_grad:
+            ctx.save_for_backward(grads, on, i, j, k, a, b)
+            ctx.tau, ctx.n_points = tau, dist.shape[0]
+        return loss, a, b
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_a, _grad_b):
+        grads, on, i, j, k, a, b = ctx.saved_tensors
+        p = grads.shape[2]
+        scale = (grad_loss / ctx.tau).view(-1, 1)
+        grad = grads.new_zeros(ctx.n_points, p)
+        scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
+        for r, idx in enumerate((i, j, k)):
+            grad.index_add_(0, idx, torch.mul(grads[r], scale, out=scaled))
+        # hard path: +c at LCA(i, j), −c at LCA(i, j, k) (reversed for k), through active hinges
+        hard = on * grad_loss.view(1, -1)  # (3, T)
+        flat = grad.view(-1)
+        for r, (idx, sign) in enumerate(((i, 1.0), (j, 1.0), (k, -1.0))):
+            flat.index_add_(0, idx * p + a, hard[r], alpha=sign).index_add_(0, idx * p + b, hard[r], alpha=-sign)
+        return grad, None, None, None, None, None, None, None
+
+
 class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""HIER: learnable hierarchical proxies in the Poincaré ball as a regulariser.
 
@@ -115,7 +256,8 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     proxy); gradients pass straight through a softmax :math:`\pi_p \propto
     \exp(-\max_{s}d(s,p)/\tau + g_p)` (``tau``), so the distances to every candidate, hence all
     proxies, get gradient. In training mode with ``stochastic_lca=True`` the :math:`g_p` are
-    Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper); in eval mode or with
+    Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper; on CPU drawn by numpy's PCG64, seeded
+    from torch's generator, so ``torch.manual_seed`` reproduces it); in eval mode or with
     ``stochastic_lca=False`` g = 0 and the selection is the deterministic argmin (ties: lowest
     proxy index; proxy-proxy distances are symmetrised so that LCA(i, j) ties between proxies i
     and j are broken the same way every time). The π-part is an estimator, not the derivative of
@@ -125,7 +267,13 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     **Memory.** One (N, P) distance matrix (N = batch [+ reference set]) and one (P, P) for the
     proxy term; the per-triplet (T, P) work is done in chunks of ``chunk_size`` triplets,
     recomputed in backward (activation checkpointing) when there is more than one chunk:
-    O(N·P + P² + T + chunk_size·P), never O(B³).
+    O(N·P + P² + T + chunk_size·P), never O(B³). A chunk keeps three (chunk_size, P) gradient
+    slabs for the backward; its temporaries are blocks of ~2¹⁸ elements.
+
+    **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one training step
+    is about 7–8.5× PML's ``SupConLoss`` on CPU (``bench/losses.py``, 1 thread), of which the
+    Gumbel noise alone (a uniform draw, a logarithm and an exponential per triplet-proxy pair) is
+    about 2.5×; ``max_triplets``, ``max_proxy_triplets`` and ``num_proxies`` scale it linearly.
 
     Args:
         embedding_size: D of the embeddings (and the proxies).
@@ -226,37 +374,10 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _chunk_losses(self, dist, i, j, k):
         """Loss of each triplet (before dropping), LCA(i, j) and LCA(i, j, k) indices.
 
-        ``dist`` is (N, P) point→candidate distances; every op here is O(len(i)·P)."""
-        di, dj, dk = dist[i], dist[j], dist[k]
-        m_ij = torch.maximum(di, dj)
-        m_ijk = torch.maximum(m_ij, dk)
-        logit_ij, logit_ijk = -m_ij / self.tau, -m_ijk / self.tau
-        if self._lca_stochastic():
-            logit_ij = logit_ij + _gumbel_like(logit_ij)
-            logit_ijk = logit_ijk + _gumbel_like(logit_ijk)
-        a = logit_ij.argmax(dim=1)  # first maximum = lowest index on ties
-        b = logit_ijk.argmax(dim=1)
-
-        def at(d, idx):
-            return d.gather(1, idx.view(-1, 1)).squeeze(1)
-
-        delta = self.margin
-        h1 = at(di, a) - at(di, b) + delta  # hard values: the loss value uses the selected proxies
-        h2 = at(dj, a) - at(dj, b) + delta
-        h3 = at(dk, b) - at(dk, a) + delta
-        # Straight-through: d(x, ρ) = Σ_p (onehot_p + π_p − sg(π_p)) d(x, p). The π-parts of the six
-        # distances are gathered into one exactly-zero term whose gradient is the softmax's;
-        # each enters through its hinge, hence the (detached) active-hinge factors.
-        loss = torch.relu(h1) + torch.relu(h2) + torch.relu(h3)
-        if not (torch.is_grad_enabled() and dist.requires_grad):
-            return loss, a, b
-        with torch.no_grad():
-            on1, on2, on3 = (h1 > 0).to(di.dtype), (h2 > 0).to(di.dtype), (h3 > 0).to(di.dtype)
-        s_ij, s_ijk = logit_ij.softmax(dim=1), logit_ijk.softmax(dim=1)
-        st = (s_ij - s_ij.detach()) - (s_ijk - s_ijk.detach())  # 0 valued
-        weighted = on1.view(-1, 1) * di + on2.view(-1, 1) * dj - on3.view(-1, 1) * dk
-        loss = loss + (st * weighted).sum(dim=1)
-        return loss, a, b
+        ``dist`` is (N, P) point→candidate distances; every op is O(len(i)·P) (see
+        :class:`_LCATripletLoss` for the formulas and why it is one autograd node)."""
+        block = max(1, _BLOCK_ELEMENTS // dist.shape[1])
+        return _LCATripletLoss.apply(dist, i, j, k, self.tau, self.margin, self._lca_stochastic(), block)
 
     def _triplet_losses(self, dist, i, j, k):
         """Per-triplet losses and the kept mask (LCAs differ), chunked + checkpointed."""

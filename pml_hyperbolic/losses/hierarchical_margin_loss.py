@@ -15,6 +15,62 @@ from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_lev
 MARGIN_FORMS = ("triplet", "contrastive")
 
 
+def _count_below(sorted_rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B, R) int64: #{m : sorted_rows[b, m] < values[b, r]} (``searchsorted``, side "left").
+
+    For a few thresholds per row (K ≤ 32, e.g. the positives of an anchor) K comparisons over the
+    (B, R) matrix are ~5× faster on CPU than aten's per-element binary search."""
+    k = sorted_rows.shape[1]
+    if k > 32:
+        return torch.searchsorted(sorted_rows, values.contiguous(), side="left")
+    count = (sorted_rows[:, :1] < values).to(torch.uint8)
+    for m in range(1, k):
+        count += sorted_rows[:, m:m + 1] < values
+    return count.long()
+
+
+def _mean_active_hinge(pos_dist: torch.Tensor, anchors: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
+    r"""Mean of the non-zero hinges :math:`[D_{ap} + g_{an}]_+` over every positive pair (a, p) and every n.
+
+    ``pos_dist`` (P,): :math:`D_{ap}` of the P positive pairs, ``anchors`` (P,) their rows
+    (non-decreasing, as ``torch.where`` lists them), ``gap`` (B, R): :math:`g_{an} = M_n(a, n) - D_{an}`,
+    −inf where n is no negative of a. Per anchor, sort its K thresholds :math:`u = -D_{ap}`
+    ascending; :math:`g_{an}` is active (non-zero hinge) for the pairs at sorted positions
+    :math:`m \le b_{an} = \#\{m : u_m < g_{an}\}` (binary search). Binning each row's g by b
+    (count and sum per bin) and taking suffix sums over the bins gives, for the pair at position m,
+    :math:`c_m` = its number of active n and :math:`S_m` = the sum of their g, so
+
+    .. math::
+        \text{value} = \frac{\sum_{m} \big(c_m D_m + S_m\big)}{\max(1, \sum_m c_m)}
+
+    equals ``hinge.sum() / count_nonzero(hinge)`` of the (P, R) hinge matrix, with the same
+    gradient (:math:`c_m` to :math:`D_m`, the number of pairs it is active for to :math:`g_{an}`),
+    in O(B·R log K) instead of O(P·R) (g > −D ⇔ D + g > 0 also in floating point: a rounded sum is
+    zero only when the exact one is). Sums in float64: c·D and S nearly cancel.
+    """
+    rows = gap.shape[0]
+    per_row = torch.bincount(anchors, minlength=rows)
+    first = torch.cumsum(per_row, 0) - per_row
+    rank = torch.arange(anchors.numel(), device=gap.device) - first[anchors]
+    k = max(int(per_row.max()) if rows else 0, 1)
+    thresholds = gap.new_full((rows, k), float("inf"))  # +inf padding: below no g, so no bin beyond K_a
+    thresholds[anchors, rank] = -pos_dist.detach()
+    thresholds, order = thresholds.sort(dim=1)
+    position = torch.empty_like(order).scatter_(1, order, torch.arange(k, device=gap.device).expand(rows, k))
+    m = position[anchors, rank] + 1  # 1-based sorted position of each pair's threshold
+    bins = _count_below(thresholds, gap.detach())  # (B, R) b_an in [0, K]
+    active = bins > 0  # bin 0 (incl. every −inf) is active for no pair
+    bins = bins.masked_fill(~active, 0)
+    bin_count = torch.zeros(rows, k + 1, dtype=torch.float64, device=gap.device).scatter_add_(
+        1, bins, active.to(torch.float64))
+    bin_sum = torch.zeros(rows, k + 1, dtype=torch.float64, device=gap.device).scatter_add(
+        1, bins, gap.to(torch.float64).masked_fill(~active, 0.0))  # no −inf enters a sum
+    counts = bin_count.flip(1).cumsum(1).flip(1)[anchors, m]  # Σ over bins ≥ m
+    sums = bin_sum.flip(1).cumsum(1).flip(1)[anchors, m]
+    total = (counts * pos_dist.to(torch.float64) + sums).sum()
+    return (total / counts.sum().clamp_min(1)).to(gap.dtype)
+
+
 class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Margin loss with per-class-pair margins from running class-mean distances.
 
@@ -308,10 +364,10 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         # M_n − D_il once on (B, R), non-negatives at −inf (their hinge is then exactly 0 with a zero
         # gradient): one gather, one add and one clamp per (P, R) element instead of five passes
         gap = (neg_margin - mat).masked_fill(~neg, float("-inf"))
-        hinge = (mat[a, p].view(-1, 1) + gap[a]).clamp_min_(0)  # (P, R)
         if sub_loss_reducer_type(self, "triplet_loss") is AvgNonZeroReducer:
-            value = hinge.sum() / torch.count_nonzero(hinge).clamp_min(1).to(hinge.dtype)
+            value = _mean_active_hinge(mat[a, p], a, gap)
             return {"triplet_loss": {"losses": value, "indices": None, "reduction_type": "already_reduced"}}
+        hinge = (mat[a, p].view(-1, 1) + gap[a]).clamp_min_(0)  # (P, R)
         k, n = torch.where(neg[a])
         return {"triplet_loss": {"losses": hinge[k, n], "indices": (a[k], p[k], n), "reduction_type": "triplet"}}
 
