@@ -4,9 +4,11 @@ hierarchical pseudo-labeller at 60,000 × 128.
 Every measurement runs in a fresh subprocess so that its peak memory can be read separately:
 "peak MB" is the process's peak RSS during the measured calls minus its RSS right before them
 (CPU; the peak counter is reset through /proc/self/clear_refs), or torch.cuda.max_memory_allocated (CUDA). Times are medians of --repeats
-runs after one warm-up. Usage:
+runs after one warm-up at --threads torch threads, "1t CPU" the least CPU time of the same call run
+with 1 thread (the figure a busy machine distorts least; CPU device only), and the load average is
+printed with the table. Usage:
 
-    .venv/bin/python bench/miners.py [--repeats 5] [--device cpu|cuda] [--skip-60k]
+    .venv/bin/python bench/miners.py [--repeats 5] [--device cpu|cuda] [--threads 2] [--skip-60k]
 """
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _load import cpu_1thread, load_text  # noqa: E402
 
 B, D, PER_CLASS = 900, 128, 9
 
@@ -102,9 +108,11 @@ def _case(name, device):
     raise KeyError(name)
 
 
-def _measure(name, device, repeats, queue):
+def _measure(name, device, repeats, threads, queue):
     import torch
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     run = _case(name, device)
     run()  # warm-up
@@ -124,13 +132,16 @@ def _measure(name, device, repeats, queue):
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = max(0.0, _peak_rss_mb() - before)
-    queue.put((statistics.median(times), peak))
+    cpu1 = float("nan")
+    if device == "cpu":
+        cpu1, _ = cpu_1thread(run, repeats)
+    queue.put((statistics.median(times), peak, cpu1))
 
 
-def measure(name, device, repeats):
+def measure(name, device, repeats, threads):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_measure, args=(name, device, repeats, q))
+    p = ctx.Process(target=_measure, args=(name, device, repeats, threads, q))
     p.start()
     result = q.get()
     p.join()
@@ -142,11 +153,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--skip-60k", action="store_true")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the timed runs")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
 
     import torch
 
-    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, B={B}, D={D}")
+    print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}, B={B}, D={D}; {load_text()}")
     names = [
         "SupConLoss(cos) fwd+bwd [baseline]",
         "HardNegativeProbabilityMiner(top_k=5)",
@@ -158,17 +172,23 @@ def main(argv=None):
     ]
     rows = []
     base = None
+    base_cpu = None
     for name in names:
-        t, mem = measure(name, args.device, args.repeats)
+        t, mem, cpu1 = measure(name, args.device, args.repeats, args.threads)
         base = t if base is None else base
-        rows.append((name, t, t / base, mem))
+        base_cpu = cpu1 if base_cpu is None else base_cpu
+        rows.append((name, t, t / base, cpu1, cpu1 / base_cpu, mem))
     if not args.skip_60k:
-        t, mem = measure("HierarchicalPseudoLabeler approx, N=60000", args.device, 1)
-        rows.append(("HierarchicalPseudoLabeler approx, N=60000 (target < 60 s)", t, t / base, mem))
+        t, mem, cpu1 = measure("HierarchicalPseudoLabeler approx, N=60000", args.device, 1, args.threads)
+        rows.append(("HierarchicalPseudoLabeler approx, N=60000 (target < 60 s)", t, t / base, cpu1,
+                     cpu1 / base_cpu, mem))
     width = max(len(r[0]) for r in rows)
-    print(f"{'component':<{width}}  {'time [ms]':>10}  {'x baseline':>10}  {'peak MB':>8}")
-    for name, t, ratio, mem in rows:
-        print(f"{name:<{width}}  {1000 * t:>10.1f}  {ratio:>10.2f}  {mem:>8.1f}")
+    print(f"{'component':<{width}}  {'wall [ms]':>10}  {'x baseline':>10}  {'1t CPU [ms]':>11}  "
+          f"{'x baseline':>10}  {'peak MB':>8}")
+    for name, t, ratio, cpu1, cpu_ratio, mem in rows:
+        print(f"{name:<{width}}  {1000 * t:>10.1f}  {ratio:>10.2f}  {1000 * cpu1:>11.1f}  {cpu_ratio:>10.2f}  "
+              f"{mem:>8.1f}")
+    print(load_text())
     return 0
 
 

@@ -161,3 +161,33 @@ def test_coincident_points_are_an_error_not_a_curvature():
         relative_delta(same)
     with pytest.raises(ValueError, match="coincides"):
         suggest_curvature(same, n_samples=20, n_draws=2)
+
+
+def test_tiles_and_threads_do_not_change_delta(monkeypatch):
+    """The 16 x 16 default tiles and the load-aware thread count (issue 16) give exactly the value
+    of the former 16 x 64 tiles, which was 1.9016457764770043 on this set (float64) and
+    1.9016457796096802 (float32) before the change."""
+    import pml_hyperbolic.evaluation.delta_hyperbolicity as dh
+
+    x = torch.randn(400, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want64 = gromov_delta(x, block_rows=16, block_cols=64)
+    assert want64 == pytest.approx(1.9016457764770043, rel=1e-12)
+    assert gromov_delta(x, dtype=torch.float32) == pytest.approx(1.9016457796096802, rel=1e-9)
+    seen = []
+    tiles = dh._delta_tiles
+    monkeypatch.setattr(dh, "_delta_tiles", lambda *a: seen.append(torch.get_num_threads()) or tiles(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for forced in (1, 2):
+            monkeypatch.setattr(dh, "uncontended_threads", lambda forced=forced: forced)
+            assert gromov_delta(x) == want64  # bit-identical: every step is an exact min/max
+            assert seen[-1] == forced and torch.get_num_threads() == 2
+        gromov_delta(x[:300])  # small sets: single-threaded without asking
+        assert seen[-1] == 1 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="block_rows"):
+        gromov_delta(x, block_rows=0)
+    with pytest.raises(ValueError, match="block_cols"):
+        gromov_delta(x, block_cols=-3)

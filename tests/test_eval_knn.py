@@ -352,3 +352,39 @@ def test_property_near_boundary_float64_equals_poincare_distance(n, dim, c, lo, 
             assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
     torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
     assert d.dtype == torch.float64
+
+
+def test_faiss_threads_follow_the_load_and_results_do_not_depend_on_them(monkeypatch):
+    """Issue 16: faiss gets the caller's count on an idle machine and 1 thread when the cores are
+    taken (uncontended_threads); the neighbours and distances are the same either way."""
+    import faiss
+
+    import pml_hyperbolic.evaluation.hyperbolic_index as hi
+
+    x = ball_points(2000, 16, 0.1, 0.9, seed=21)
+    seen = []
+    search = hi.HyperbolicIndex._faiss_search
+
+    def spy(self, Q32, kk):
+        out = search(self, Q32, kk)
+        seen.append(self._faiss_threads)
+        return out
+
+    monkeypatch.setattr(hi.HyperbolicIndex, "_faiss_search", spy)
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(2)
+    faiss.omp_set_num_threads(2)
+    try:
+        results = []
+        for forced in (1, 2):
+            monkeypatch.setattr(hi, "uncontended_threads", lambda requested, forced=forced: min(requested, forced))
+            results.append(HyperbolicKNN(c=0.1, exact_ranks=(1, 4))(x, 8, x, True))
+            assert seen[-1] == forced
+            assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == (2, 2)
+        assert torch.equal(results[0][1], results[1][1])
+        assert torch.equal(results[0][0], results[1][0])
+        bd, bi = brute_force(x[:200], x, 8, 0.1, True)  # a prefix of the queries: small memory
+        assert torch.equal(results[0][1][:200], bi)
+    finally:
+        torch.set_num_threads(before[0])
+        faiss.omp_set_num_threads(before[1])

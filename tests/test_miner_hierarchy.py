@@ -220,3 +220,32 @@ def test_sixty_thousand_points():
     assert lab.level_sizes_ == (100, 70, 40, 10)
     for k in range(3):
         assert len(set(zip(y[:, k].tolist(), y[:, k + 1].tolist()))) == lab.level_sizes_[k]
+
+
+def test_thread_count_follows_the_load_and_labels_do_not_depend_on_it(monkeypatch):
+    """Issue 16: the clustering runs with uncontended_threads() (1 on a busy machine), 1 thread up
+    to 1,024 points, and restores the caller's count; the labels are the same either way."""
+    import pml_hyperbolic.miners.hierarchical_pseudo_labeler as hpl
+
+    g = torch.Generator().manual_seed(5)
+    centers = torch.randn(30, 16, generator=g)
+    x = pb.expmap0(0.3 * (centers[torch.randint(0, 30, (3000,), generator=g)]
+                          + 0.4 * torch.randn(3000, 16, generator=g)), 0.1)
+    seen = []
+    approx = hpl.HierarchicalPseudoLabeler._approximate
+    monkeypatch.setattr(hpl.HierarchicalPseudoLabeler, "_approximate",
+                        lambda self, v: seen.append(torch.get_num_threads()) or approx(self, v))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = []
+        for forced in (1, 2):
+            monkeypatch.setattr(hpl, "uncontended_threads", lambda forced=forced: forced)
+            lab = HierarchicalPseudoLabeler(levels=(20, 10, 4), exact_max_samples=0, n_fine_clusters=120)
+            runs.append(lab.fit_predict(x))
+            assert seen[-1] == forced and torch.get_num_threads() == 2
+        assert torch.equal(runs[0], runs[1])
+        HierarchicalPseudoLabeler(levels=(20, 10, 4), exact_max_samples=0).fit_predict(x[:1000])
+        assert seen[-1] == 1 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,14 @@ the Gromov-product matrix G. Relative: :math:`\delta_{rel} = 2\delta/\operatorna
 Memory is O(n²): the (max, min) product is computed in (row-block × column-block) tiles of size
 ``block_rows × block_cols × n``; never an n×n×n tensor. Because G and the product are symmetric,
 only tiles with ``j ≥ i`` are formed.
+
+Threads. The tile loop is thousands of small torch ops, each ending in an OpenMP barrier; on a
+busy machine 2 threads made it 2-7× slower than 1 (``bench/under_load.py``). It runs with
+:func:`~pml_hyperbolic.threads.uncontended_threads` (the caller's count on an idle machine, 1
+when other processes hold the cores), and always with 1 thread for small sets, where the work
+cannot repay a thread start. 16 × 16 tiles (4 MB of float64 at n = 2000, cache-sized, and a finer
+pruning grain) took 30-45% less CPU time than 16 × 64 at 1 thread. The result does not depend
+on tiles or threads: every step is an exact min/max.
 """
 from __future__ import annotations
 
@@ -29,6 +37,13 @@ import torch
 from torch import Tensor
 
 from .. import poincare_ball as pb
+from ..threads import limited_threads, uncontended_threads
+
+BLOCK_ROWS = 16
+BLOCK_COLS = 16
+# sets up to this size run single-threaded without asking: their O(n³/2) tile work (~10 ms at
+# n = 300) is about what choosing a thread count by looking at the machine costs
+_SERIAL_MAX_N = 300
 
 
 def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
@@ -75,6 +90,21 @@ def _delta_from_distances(D: Tensor, base: int, dtype, block_rows: int, block_co
     n = D.shape[0]
     if not 0 <= base < n:
         raise ValueError(f"base must index a point (0 <= base < {n}), got {base}")
+    for name, value in (("block_rows", block_rows), ("block_cols", block_cols)):
+        if value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    with limited_threads(_threads_for(n)):
+        return _delta_tiles(D, base, dtype, block_rows, block_cols)
+
+
+def _threads_for(n: int) -> int:
+    """Threads for δ of n points: 1 for small sets, else what the machine's load leaves free."""
+    return 1 if n <= _SERIAL_MAX_N else uncontended_threads()
+
+
+def _delta_tiles(D: Tensor, base: int, dtype, block_rows: int, block_cols: int) -> float:
+    """δ by the pruned, tiled (max, min) product (module docstring)."""
+    n = D.shape[0]
     G64 = 0.5 * (D[base][:, None] + D[base][None, :] - D)
     # Pruning bound: for k outside {i, j}, min(G_ik, G_kj) <= min(r_i, r_j) with r_i the largest
     # off-diagonal entry of row i; k in {i, j} gives exactly G_ij. So a tile whose
@@ -114,8 +144,8 @@ def gromov_delta(
     c: Optional[float] = None,
     base: int = 0,
     dtype: torch.dtype = torch.float64,
-    block_rows: int = 16,
-    block_cols: int = 64,
+    block_rows: int = BLOCK_ROWS,
+    block_cols: int = BLOCK_COLS,
 ) -> float:
     r"""Gromov δ (absolute) of a point set, from Gromov products at point ``base``.
 
@@ -126,13 +156,20 @@ def gromov_delta(
         base: index of the base point w (Hyp-ViT: point 0).
         dtype: dtype of the (max, min) product; float32 is ~2× faster, exact up to the rounding of
             the Gromov products (relative 1e-7).
+        block_rows, block_cols: tile size of the (max, min) product (speed only; the value does not
+            depend on it).
     Returns:
         δ ≥ 0 as a float. O(n²) memory, O(n³) time. Sets of at most 3 points are 0-hyperbolic (any
         3-point metric space embeds in a tree), so they return exactly 0.0; for a *relative* δ of a
         degenerate set see :func:`relative_delta`, which refuses coincident points.
     """
-    D = _distance_matrix(embeddings, distances, metric, c)
-    return _delta_from_distances(D, int(base), dtype, int(block_rows), int(block_cols))
+    src = embeddings if embeddings is not None else distances
+    n = len(src) if hasattr(src, "__len__") and np.ndim(src) > 0 else 0  # bad input: the error below
+    # the distance matrix and the Gromov products are big ops, but on a busy machine their
+    # barriers wait for descheduled threads like the tile loop's: same thread count for all
+    with limited_threads(_threads_for(n)):
+        D = _distance_matrix(embeddings, distances, metric, c)
+        return _delta_from_distances(D, int(base), dtype, int(block_rows), int(block_cols))
 
 
 def relative_delta(
@@ -170,27 +207,33 @@ def relative_delta(
         gen = torch.Generator().manual_seed(int(seed))
         draws = [torch.randperm(n, generator=gen)[:n_samples] for _ in range(n_draws)]
     values = []
-    for sel in draws:
-        if sel is None:
-            D = _distance_matrix(embeddings, distances, metric, c)
-            b = base
-        else:
-            if embeddings is not None:
-                e = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
-                D = _distance_matrix(e[sel], None, metric, c)
-            else:
-                D = _distance_matrix(None, torch.as_tensor(np.asarray(distances))[sel][:, sel], metric, c)
-            b = 0
-        diam = float(D.max())
-        if diam <= 0:
-            raise ValueError("relative δ is undefined (0/0): every point of the set (or of a sampled subset) "
-                             "coincides; check the features (a collapsed backbone?)")
-        delta = _delta_from_distances(D, int(b), dtype, 16, 64)
-        values.append(2.0 * delta / diam)
+    with limited_threads(_threads_for(n if n_samples is None else min(n, n_samples))):
+        for sel in draws:
+            values.append(_relative_delta_of(embeddings, distances, metric, c, base, sel, dtype))
     mean = float(np.mean(values))
     if return_std:
         return mean, float(np.std(values))
     return mean
+
+
+def _relative_delta_of(embeddings, distances, metric, c, base, sel, dtype) -> float:
+    """2δ/diam of the whole set (``sel`` None) or of the subset ``sel`` (base = its first point)."""
+    if sel is None:
+        D = _distance_matrix(embeddings, distances, metric, c)
+        b = base
+    else:
+        if embeddings is not None:
+            e = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
+            D = _distance_matrix(e[sel], None, metric, c)
+        else:
+            D = _distance_matrix(None, torch.as_tensor(np.asarray(distances))[sel][:, sel], metric, c)
+        b = 0
+    diam = float(D.max())
+    if diam <= 0:
+        raise ValueError("relative δ is undefined (0/0): every point of the set (or of a sampled subset) "
+                         "coincides; check the features (a collapsed backbone?)")
+    delta = _delta_from_distances(D, int(b), dtype, BLOCK_ROWS, BLOCK_COLS)
+    return 2.0 * delta / diam
 
 
 def suggest_curvature(

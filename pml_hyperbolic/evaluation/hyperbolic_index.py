@@ -76,6 +76,7 @@ import torch
 from torch import Tensor
 
 from .. import poincare_ball as pb
+from ..threads import uncontended_threads
 
 try:  # faiss-cpu or faiss-gpu
     import faiss
@@ -140,7 +141,8 @@ class HyperbolicIndex:
             distances, sorting); ``None`` keeps torch's setting. That work is small memory-bound
             element-wise passes; measured on a loaded 2-core machine, 2 threads made it ~3x slower
             than 1 (barrier waits), so the default is 1. faiss itself runs with the thread count
-            that was set before the call.
+            that was set before the call, or fewer when other processes hold the cores
+            (:func:`~pml_hyperbolic.threads.uncontended_threads`).
         exact_ranks: ``None`` (default) = the order is exact at every rank. A tuple of ranks K
             (e.g. the Recall@K list) = the *set* of the first K neighbours is exact for each K
             given and for k itself, and every returned distance is within ``rtol``; between those
@@ -249,7 +251,9 @@ class HyperbolicIndex:
         # faiss with the caller's count (restored around each faiss call, and at the end)
         faiss_threads = faiss.omp_get_max_threads()
         torch_threads = torch.get_num_threads()
-        self._faiss_threads = faiss_threads
+        # faiss's search is one big call per batch, but on a machine whose cores are taken its
+        # barriers still wait for descheduled threads: there it gets 1 thread
+        self._faiss_threads = uncontended_threads(faiss_threads) if faiss_threads > 1 else 1
         try:
             if self.post_threads is not None:
                 torch.set_num_threads(self.post_threads)

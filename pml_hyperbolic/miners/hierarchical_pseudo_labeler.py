@@ -8,9 +8,13 @@ import torch
 
 from .. import poincare_ball as pb
 from ..manifold_tensors import unwrap_ball_tensor
+from ..threads import limited_threads, uncontended_threads
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
 
 PAPER_LEVELS = (100, 70, 40, 10)
+# up to this many points the clustering runs single-threaded without asking: scipy's linkage
+# (one thread) dominates there, and looking at the machine would cost more than threads gain
+_SERIAL_MAX_SAMPLES = 1024
 
 
 def _check_levels(levels):
@@ -88,6 +92,11 @@ class HierarchicalPseudoLabeler:
     O(N·D + n_fine² + (n_fine·samples_per_cluster)·chunk). 60,000 × 128 runs in well under a
     minute on 2 CPU cores (see ``bench/miners.py``).
 
+    Threads: the work runs with :func:`~pml_hyperbolic.threads.uncontended_threads` torch/faiss
+    threads (the caller's count on an idle machine, 1 when other processes hold the cores, where
+    2 threads made it up to 3.7× slower; ``bench/under_load.py``), single-threaded up to 1,024
+    points; the caller's thread count is restored afterwards.
+
     Args:
         levels: cluster counts per level, finest first (strictly decreasing, ≥ 1). ``None`` (the
             default) means (100, 70, 40, 10) unless ``distance_thresholds`` is given.
@@ -161,7 +170,12 @@ class HierarchicalPseudoLabeler:
             raise ValueError(f"levels[0] = {self.levels[0]} clusters requested but only {n} embeddings given")
         device = emb.device
         x = emb.detach().to("cpu")
-        with torch.no_grad():
+        # k-means iterations and the chunked distance sums are loops of parallel ops (torch and
+        # faiss share one OpenMP runtime); on a busy machine their barriers wait for descheduled
+        # threads (2 threads: 1.4-3.7x slower than 1 at 60k points), so the thread count follows
+        # the machine's load (tests check that the labels come out the same either way)
+        threads = 1 if n <= _SERIAL_MAX_SAMPLES else uncontended_threads()
+        with torch.no_grad(), limited_threads(threads):
             if n <= self.exact_max_samples:
                 node_labels, assignment = self._exact(x), None
             else:

@@ -1,0 +1,120 @@
+"""pml_hyperbolic.threads: scoped thread counts, the load-aware count for loops, the default."""
+import faiss
+import pytest
+import torch
+
+from pml_hyperbolic import threads as T
+from pml_hyperbolic.threads import default_threads, limited_threads, runnable_elsewhere, uncontended_threads
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(2)
+    faiss.omp_set_num_threads(2)
+    yield
+    torch.set_num_threads(before[0])
+    faiss.omp_set_num_threads(before[1])
+
+
+def test_limited_threads_sets_and_restores(two_threads):
+    with limited_threads(1):
+        assert torch.get_num_threads() == 1
+        assert faiss.omp_get_max_threads() == 1  # the shared OpenMP runtime is capped too
+    assert torch.get_num_threads() == 2
+    assert faiss.omp_get_max_threads() == 2
+
+
+def test_limited_threads_restores_on_exception(two_threads):
+    with pytest.raises(RuntimeError, match="boom"):
+        with limited_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == 2
+    assert faiss.omp_get_max_threads() == 2
+
+
+def test_limited_threads_never_raises_the_count_and_nests(two_threads):
+    with limited_threads(8):
+        assert torch.get_num_threads() == 2
+        with limited_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 2
+
+
+def test_limited_threads_restores_a_count_changed_inside(two_threads):
+    with limited_threads(1):
+        torch.set_num_threads(2)
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", None, True])
+def test_limited_threads_bad_arguments(bad, two_threads):
+    with pytest.raises(ValueError, match="limited_threads"):
+        with limited_threads(bad):
+            pass
+    assert torch.get_num_threads() == 2
+
+
+def test_runnable_elsewhere_reads_the_run_queue():
+    others = runnable_elsewhere(samples=2, interval=0.0)
+    assert others is None or (isinstance(others, int) and others >= 0)
+    with pytest.raises(ValueError, match="samples"):
+        runnable_elsewhere(samples=0)
+    with pytest.raises(ValueError, match="interval"):
+        runnable_elsewhere(interval=-1.0)
+
+
+@pytest.mark.parametrize("others, cores, requested, want", [
+    (0, 2, 2, 2),   # idle machine: the caller's count
+    (1, 2, 2, 1),   # one core taken
+    (2, 2, 2, 1),   # both taken (the synthetic load of bench/under_load.py)
+    (9, 2, 2, 1),   # never below 1
+    (1, 16, 4, 4),  # plenty of free cores: the request
+    (13, 16, 8, 3),
+])
+def test_uncontended_threads_reference_values(monkeypatch, others, cores, requested, want):
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: others)
+    monkeypatch.setattr(T, "_last_reading", [-1e300, None])
+    assert uncontended_threads(requested, cores=cores) == want
+
+
+def test_uncontended_threads_caches_and_defaults(monkeypatch, two_threads):
+    calls = []
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(T, "_last_reading", [-1e300, None])
+    assert uncontended_threads(cores=2) == 2  # requested = torch's count
+    assert uncontended_threads(cores=2) == 2
+    assert len(calls) == 1  # the machine is looked at once per 0.25 s
+    assert uncontended_threads(1) == 1
+    for bad in (0, 1.5, "2", True):
+        with pytest.raises(ValueError, match="requested"):
+            uncontended_threads(bad)
+    with pytest.raises(ValueError, match="cores"):
+        uncontended_threads(2, cores=0)
+
+
+@pytest.mark.parametrize("load, cores, want", [
+    (0.0, 2, 2), (0.4, 2, 2), (0.6, 2, 1), (2.0, 2, 1), (24.0, 2, 1),
+    (0.0, 16, 16), (3.2, 16, 13), (15.7, 16, 1),
+])
+def test_default_threads_reference_values(monkeypatch, load, cores, want):
+    monkeypatch.delenv("PML_HYPERBOLIC_THREADS", raising=False)
+    assert default_threads(load=load, cores=cores) == want
+
+
+def test_default_threads_environment_and_bad_arguments(monkeypatch):
+    monkeypatch.setenv("PML_HYPERBOLIC_THREADS", "3")
+    assert default_threads(load=50.0, cores=2) == 3
+    for bad in ("0", "x", "-2", "1.5"):
+        monkeypatch.setenv("PML_HYPERBOLIC_THREADS", bad)
+        with pytest.raises(ValueError, match="PML_HYPERBOLIC_THREADS"):
+            default_threads()
+    monkeypatch.delenv("PML_HYPERBOLIC_THREADS")
+    assert 1 <= default_threads() <= T.usable_cores()
+    for bad in (-1.0, float("nan"), float("inf"), "1", True):
+        with pytest.raises(ValueError, match="load"):
+            default_threads(load=bad, cores=2)
+    with pytest.raises(ValueError, match="cores"):
+        default_threads(load=0.0, cores=0)
