@@ -5,22 +5,24 @@
     python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
     python bench/quality.py --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
 
-**What is held fixed** (printed in the header of every run):
+**Every method trains through its recipe** (``bench/_recipe_rows.py``): the recipe script's class
+with its parser, presets, geometry, head, loss, miner, optimisers, PML trainer (``trainer_class``:
+HCL's momentum trainer, the unsupervised re-clustering hook) and PML tester — ``recipe.run()``, what
+``python recipes/<name>.py`` runs. The PML baselines run on the same runner as a bench-only recipe
+(``PMLBaseline``). Two things differ from a recipe run, to fit the table on 2 CPU cores:
 
 * Backbone: ``mobilenetv2_100`` with the offline ImageNet weights of
   :func:`pml_hyperbolic.backbones.build_backbone` (``--backbone tf_efficientnet_lite0`` also works).
-* Trainable part: the last inverted-residual block + ``conv_head`` (320→1280) + the embedding head
-  (128-d); the rest of the backbone is frozen and every BatchNorm uses ImageNet statistics.
-  The frozen prefix's activations are computed once per image view (1 clean + 3 augmented views per
-  training image, drawn once with a fixed seed) and cached (``--cache-dir``); every method and seed
-  trains on the same bank (see ``bench/_quality_common.py``). This is what makes the table fit in an
-  hour on 2 CPU cores; it is not a precomputation of anything a method learns. Cost measured: ~1 s
-  CPU per training step (batch 128) + ~6 s CPU per evaluation; 13 trained rows × 3 seeds × 120 steps
-  ≈ 5,000 CPU-s, plus ~250 CPU-s for the 4-view bank (cached afterwards).
+  Its frozen prefix is not run during training: its activations are cached once per image view
+  (1 clean + 3 augmented views per training image, drawn once with a fixed seed; ``--cache-dir``),
+  and a training item is one of its image's views. Every method and seed trains on the same bank.
+* Trainable part (the recipe's trunk): the last inverted-residual block + ``conv_head`` (320→1280),
+  every BatchNorm at its ImageNet statistics, + the recipe's embedding head (128-d). Cost measured:
+  ~1 s CPU per training step (batch 128) + ~6 s CPU per evaluation.
 * Images 64 px; 120 steps × batch 128 (32 classes × 4, ``ClassBalancedBatchSampler``); AdamW
   (lr 3e-4 tail / 3e-3 head, weight decay 0.01), gradient-norm clip 3; seeds 0, 1, 2.
-  ``--quick``: 100 steps, seed 0, a 2-view bank, and only the embedding head trains (on the frozen
-  backbone's pooled 1280-d features, computed once from the bank): a plumbing/smoke run, not the table.
+  ``--quick``: 100 steps, seed 0, a 2-view bank, and only the embedding head trains (the trunk is the
+  identity over the frozen backbone's pooled 1280-d features): a plumbing/smoke run, not the table.
 * No hyperparameter was tuned on the test classes: every method uses its paper's (or PML's)
   defaults listed in the row label. ``bench/tau_sweep.py`` does its τ/c selection on a validation
   split carved from the training classes.
@@ -53,7 +55,6 @@ scene→object loss, c = 0.05, T = 0.2), evaluated like the recipe: cosine kNN o
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -65,6 +66,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
+import _recipe_rows as rr  # noqa: E402
 
 HYP_C = 0.1
 
@@ -73,108 +75,53 @@ HYP_C = 0.1
 
 
 class Row:
-    """One method: how to build its head and loss, how its embeddings are evaluated."""
+    """One method: the recipe that trains it (script, class, flags) — ``raw`` trains nothing."""
 
-    def __init__(self, key, label, head="sph", eval_c=None, loss=None, miner=None, kind="supervised"):
-        self.key, self.label, self.head, self.eval_c = key, label, head, eval_c
-        self.make_loss, self.make_miner, self.kind = loss, miner, kind
-
-
-def _pml():
-    from pytorch_metric_learning import losses, miners
-
-    return losses, miners
-
-
-def _pcl():
-    from pml_hyperbolic import losses
-
-    return losses
-
-
-def _poincare(c=HYP_C):
-    from pml_hyperbolic.distances import PoincareDistance
-
-    return PoincareDistance(c=c)
+    def __init__(self, key, label, recipe=None, argv=(), kind="recipe"):
+        self.key, self.label, self.recipe, self.argv, self.kind = key, label, recipe, list(argv), kind
 
 
 def build_rows():
-    L = _pcl
+    uml = ("hyp_uml_cars", "HypUML")
     rows = [
-        Row("raw", "Pretrained features, no training (1280-d, cosine)", head=None, kind="raw"),
-        Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]",
-            loss=lambda n: _pml()[0].SupConLoss(temperature=0.1)),
-        Row("ms", "PML MultiSimilarityLoss + MultiSimilarityMiner (2, 50, 0.5; ε=0.1)",
-            loss=lambda n: _pml()[0].MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
-            miner=lambda: _pml()[1].MultiSimilarityMiner(epsilon=0.1)),
-        Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().PairwiseCrossEntropyLoss(temperature=0.2, distance=_poincare())),
-        Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: _pml()[0].MultipleLosses(
-                [L().PairwiseCrossEntropyLoss(temperature=0.2, distance=_poincare()),
-                 L().HIERLoss(embedding_size=128, num_proxies=128, max_triplets=2048, max_proxy_triplets=1024)],
-                weights=[1.0, 3.0])),
-        Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)",
-            loss=lambda n: L().HypMixLoss(c=HYP_C, lam=3.0, tau_e=0.05, tau_h=0.2)),
-        Row("hypmix_learn", "HypMix, learnable λ (init 3)",
-            loss=lambda n: L().HypMixLoss(c=HYP_C, lam=3.0, tau_e=0.05, tau_h=0.2, learnable_lambda=True)),
-        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().UncertaintyAdaptiveContrastiveLoss(distance=_poincare())),
-        Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().UncertaintyAdaptiveContrastiveLoss(mode="literal", distance=_poincare())),
-        Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().UncertaintyAdaptiveTripletLoss(distance=_poincare())),
-        Row("uml_margin_lit", "Hyp-UML adaptive margin triplet (literal U)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().UncertaintyAdaptiveTripletLoss(mode="literal", distance=_poincare())),
-        Row("hier_margin", "Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1)", head="hyp", eval_c=HYP_C,
-            loss=lambda n: L().HierarchicalMarginLoss(num_classes=n, distance=_poincare())),
+        Row("raw", "Pretrained features, no training (1280-d, cosine)", kind="raw"),
+        Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]", "baseline", ["--pml-loss", "supcon"]),
+        Row("ms", "PML MultiSimilarityLoss + MultiSimilarityMiner (2, 50, 0.5; ε=0.1)", "baseline",
+            ["--pml-loss", "ms"]),
+        Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
+        Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
+            ["--hier-weight", "3", "--hier-proxies", "128"]),
+        Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),
+            ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2"]),
+        Row("hypmix_learn", "HypMix, learnable λ (init 3)", ("hyp_mix", "HypMix"),
+            ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2", "--learnable-lambda"]),
+        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default)", uml),
+        Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", uml, ["--uncertainty-mode", "literal"]),
+        Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", uml, ["--loss", "triplet"]),
+        Row("uml_margin_lit", "Hyp-UML adaptive margin triplet (literal U)", uml,
+            ["--loss", "triplet", "--uncertainty-mode", "literal"]),
+        Row("hier_margin", "Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1)",
+            ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ["--supervised"]),
         Row("unsup_logratio", "Unsupervised: pseudo-labels (128 ward clusters, whitened features) + log-ratio (Ω=1.2)",
-            head="hyp", eval_c=HYP_C, loss=lambda n: L().HierarchicalLogRatioLoss(distance=_poincare()),
-            kind="unsup_hier"),
-        Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss",
-            loss=lambda n: _pml()[0].TripletMarginLoss(margin=0.1), kind="unsup_kmeans"),
-        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05)", kind="hcl"),
+            ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
+        Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss", "baseline",
+            ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),
+        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05)", ("hcl", "HCL"),
+            ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
+             "--hyperbolic-weight", "0.1", "--momentum", "0.99"], kind="hcl"),
     ]
     return {r.key: r for r in rows}
 
 
+UNSUP_KMEANS_K = 100
 ROWS = build_rows()
 QUICK_ROWS = [k for k in ROWS if k != "hcl"]
-UNSUP_LEVELS = (100, 70, 40, 10)
 
 
-def make_head(kind, in_features, dim):
-    from pml_hyperbolic.heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead
-
-    if kind == "hyp":
-        return HyperbolicEmbeddingHead(in_features, dim, c=HYP_C)
-    return SphericalEmbeddingHead(in_features, dim)
-
-
-# ------------------------------------------------------------------------------- unsupervised
-
-
-def _hier_relabel(bank, seed):
-    """The package's pseudo-label policy (defaults chosen by ``bench/unsupervised_pseudo_labels.py``):
-    the clean views' features of the initial tail, clustered once and reused at every refresh."""
-    from pml_hyperbolic.training.pseudo_labels import UnsupervisedPseudoLabels
-
-    return qc.pseudo_label_relabel(bank.train, UnsupervisedPseudoLabels(c=HYP_C, seed=seed))
-
-
-def _kmeans_relabel(bank, seed, k=UNSUP_LEVELS[0]):
-    import faiss
-
-    clean = bank.train.acts[:, 0]
-
-    def relabel(tail, head):
-        z = torch.nn.functional.normalize(qc.embed(tail, head, clean), dim=1).numpy().astype(np.float32)
-        km = faiss.Kmeans(z.shape[1], k, niter=20, seed=seed, spherical=True, verbose=False)
-        km.cp.min_points_per_centroid = 1
-        km.train(z)
-        labels = torch.as_tensor(km.index.search(z, 1)[1][:, 0], dtype=torch.long)
-        return labels, labels
-    return relabel
+def recipe_class(row):
+    if row.recipe == "baseline":
+        return rr.PMLBaseline
+    return rr.load_recipe_class(*row.recipe)
 
 
 # ------------------------------------------------------------------------------------------ HCL
@@ -213,84 +160,35 @@ def hcl_bank_for(cfg, bank, log=print):
     return out
 
 
-def train_hcl(cfg, bank, hcl_bank, seed, steps):
-    """HCL (Ge et al.) as its authors implemented it, on the bank: MoCo on two object views + 0.1 ×
-    hyperbolic CE (scene query → contained-object key, c = 0.05, T = 0.2, no clipping), queues of
-    momentum-encoder keys (helper-E's ``KeyQueue``), momentum 0.99 (short schedule)."""
-    from pytorch_metric_learning.losses import NTXentLoss
-
-    from pml_hyperbolic import poincare_ball as pb
-    from pml_hyperbolic.distances import PoincareDistance
-    from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
-    from pml_hyperbolic.training.hcl_trainer import KeyQueue
-
-    d, c, momentum = cfg.embedding_dim, 0.05, 0.99
-    tail = qc.fresh_tail(bank)
-    head = torch.nn.Sequential(torch.nn.Linear(bank.feature_dim, d))
-    key_tail, key_head = copy.deepcopy(tail).requires_grad_(False), copy.deepcopy(head).requires_grad_(False)
-    moco = KeyQueue(NTXentLoss(temperature=0.2), d, memory_size=cfg.hcl_queue)
-    hyp = KeyQueue(PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=c)), d,
-                   memory_size=cfg.hcl_queue)
-    opt = qc.make_optimizer(cfg, tail, head, torch.nn.Module())
-    params = [p for g in opt.param_groups for p in g["params"]]
-    gen = torch.Generator().manual_seed(20_000 + seed)
-    n = len(hcl_bank["scene"])
-    c_t = torch.tensor(c)
-    for step in range(steps):
-        idx = torch.randperm(n, generator=gen)[:cfg.batch_size]
-        b = len(idx)
-        q = head(tail(hcl_bank["view_q"][idx]))
-        s = head(tail(hcl_bank["scene"][idx]))
-        with torch.no_grad():
-            k = key_head(key_tail(hcl_bank["view_k"][idx]))
-        ids = torch.arange(b) + step * b  # unique per (query, key) pair: the queue holds only negatives
-        labels = torch.cat([ids, ids])
-        mask = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(b, dtype=torch.bool)])
-        loss = moco(torch.nn.functional.normalize(torch.cat([q, k]), dim=1), labels, enqueue_mask=mask)
-        ball = pb.project(pb.expmap0(torch.cat([s, k]), c_t), c_t)
-        loss = loss + 0.1 * hyp(ball, labels, enqueue_mask=mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        with torch.no_grad():
-            for km, qm in ((key_tail, tail), (key_head, head)):
-                for pk, pq in zip(km.parameters(), qm.parameters()):
-                    pk.mul_(momentum).add_(pq.detach(), alpha=1 - momentum)
-    return tail, head
-
-
 # ------------------------------------------------------------------------------------- running
 
 
 def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
-    """Train one row with one seed; return its metrics on the held-out classes (+ extras)."""
+    """Train one row with one seed through its recipe (``_recipe_rows``); return its metrics on the
+    held-out classes (+ extras)."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     extra = {}
     if row.kind == "raw":
         return qc.evaluate(bank.tail, None, bank.query, bank.gallery, c=None), extra
+    argv = list(row.argv)
+    train_set = None
     if row.kind == "hcl":
         if hcl_bank is None:
             raise RuntimeError("HCL needs its scene bank")
-        tail, head = train_hcl(cfg, bank, hcl_bank, seed, cfg.steps)
-        return qc.evaluate(tail, head, bank.query, bank.gallery, c=None), extra
-    tail = qc.fresh_tail(bank)
-    head = make_head(row.head, bank.feature_dim, cfg.embedding_dim)
-    loss = row.make_loss(bank.num_train_classes)
-    miner = row.make_miner() if row.make_miner else None
-    relabel = None
-    if row.kind == "unsup_hier":
-        relabel = _hier_relabel(bank, seed)
-    elif row.kind == "unsup_kmeans":
-        relabel = _kmeans_relabel(bank, seed)
+        argv += ["--queue-size", str(cfg.hcl_queue)]
+        train_set = rr.HCLBankScenes(hcl_bank)
+    elif row.kind == "recluster":  # pseudo-labels refreshed at every epoch start: one epoch per refresh
+        epochs = max(1, cfg.steps // cfg.recluster_every)
+        argv += ["--epochs", str(epochs), "--steps-per-epoch", str(cfg.steps // epochs)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the literal Hyp-UML mode warns on every call, by design
-        qc.train_with_labels(cfg, bank.train, tail, head, loss, miner=miner, seed=seed, relabel=relabel)
+        metrics, recipe = rr.run_recipe_row(recipe_class(row), bank, cfg, seed, argv, train_set=train_set)
+    loss = recipe.trainer.loss_funcs.get("metric_loss")
     lam = getattr(getattr(loss, "distance", None), "lam", None)
     if row.key == "hypmix_learn" and lam is not None:
-        extra["final_lambda"] = float(lam.detach().reshape(-1)[0])
-    return qc.evaluate(tail, head, bank.query, bank.gallery, c=row.eval_c), extra
+        extra["final_lambda"] = float(torch.as_tensor(lam).detach().reshape(-1)[0])
+    return metrics, extra
 
 
 def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True, max_classes=None):

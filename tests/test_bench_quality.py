@@ -65,6 +65,28 @@ def test_quality_rows_train_and_evaluate(tiny):
             assert extra["final_lambda"] > 0 and extra["final_lambda"] != 3.0  # λ is trained
 
 
+def test_rows_train_through_the_recipes_code_path(tiny):
+    # A row is the recipe itself (its parser, builders, runner, PML trainer and tester), on the bank.
+    import _recipe_rows as rr
+
+    from pml_hyperbolic.losses import UncertaintyAdaptiveTripletLoss
+    from pml_hyperbolic.training.hcl_trainer import HCLTrainer
+    from pml_hyperbolic.training.runner import Recipe
+
+    cfg, bank = tiny
+    cls = rr.load_recipe_class("hyp_uml_cars", "HypUML")
+    metrics, recipe = rr.run_recipe_row(cls, bank, cfg, 0, ["--loss", "triplet"])
+    _check_metrics(metrics)
+    assert isinstance(recipe, cls) and isinstance(recipe, Recipe)
+    assert isinstance(recipe.trainer.loss_funcs["metric_loss"], UncertaintyAdaptiveTripletLoss)
+    assert recipe.trainer.global_step == cfg.steps
+    assert recipe.head.geometry is recipe.geometry  # the one geometry object, by reference
+    assert recipe.args.batch_size == cfg.batch_size and recipe.args.head_lr == cfg.lr_head
+    assert not os.path.exists(recipe.args.output_dir)  # the run folder is removed afterwards
+    hcl = rr.recipe_on_bank(rr.load_recipe_class("hcl", "HCL"), bank, cfg, 0)
+    assert issubclass(hcl.trainer_class, HCLTrainer)
+
+
 def test_quality_unsupervised_and_head_only(tiny):
     cfg, bank = tiny
     pooled = qc.pooled_bank(bank, None)

@@ -220,9 +220,6 @@ class RecipeCommandLine:
         ``(cls, *runtime_mixins(), runner.Recipe)``."""
         from .runner import Recipe
 
-        data = sys.modules.get("pml_hyperbolic.data")
-        if data is not None and not hasattr(data, "registry"):  # loaded by file before its package (bootstrap)
-            data.registry = sys.modules["pml_hyperbolic.data.registry"]
         if issubclass(cls, Recipe):
             return cls
         built = cls.__dict__.get("_runnable_class")
