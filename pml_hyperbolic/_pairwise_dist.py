@@ -6,22 +6,34 @@ With :math:`a_i = 1 - c\|x_i\|^2`, :math:`b_j = 1 - c\|y_j\|^2`, :math:`s_{ij} =
           D_{ij} = \frac{2}{\sqrt c}\operatorname{arsinh}\sqrt{w_{ij}}
           = \frac{1}{\sqrt c}\operatorname{log1p}\!\big(2w_{ij} + 2\sqrt{w_{ij}(1+w_{ij})}\big).
 
-Forward. :math:`W = 2w` comes out of ONE matrix product of augmented rows
-:math:`[-4p_i x_i,\; 2p_i\|x_i\|^2,\; 2p_i]\cdot[q_j y_j,\; q_j,\; q_j\|y_j\|^2]` with
-:math:`p = c/a`, :math:`q = 1/b` (row norms in float64). Then
-:math:`S = \sqrt{W + W^2/2} = \sqrt2\sqrt{w(1+w)}` (saved for the backward) and
-:math:`D = \operatorname{log1p}(W + \sqrt2 S)/\sqrt c`: a few elementwise passes, all vectorised
-(aten's ``asinh``/``acosh`` are scalar libm calls, 10-20× slower here). aten's ``log1p_`` was chosen by
-measurement on torch 2.14: 2.2× faster than a log-based rebuild and 3× more accurate
-(``python bench/distance.py --log1p`` prints the comparison for the installed torch).
+Forward. :math:`P = 2p\,s` (:math:`W = 2w = P_{ij} q_j`) comes out of ONE matrix product of
+augmented rows :math:`[-4p_i x_i,\; 2p_i\|x_i\|^2,\; 2p_i]\cdot[y_j,\; 1,\; \|y_j\|^2]` with
+:math:`p = c/a`, :math:`q = 1/b` (row norms in float64); the column scale :math:`q_j` is applied in
+the tail, so that the closeness test below is a clean per-row bound. Then
+:math:`S = \sqrt{W + W^2/2} = \sqrt2\sqrt{w(1+w)}` (kept for the backward, only when one comes),
+:math:`u = W + \sqrt2 S` and :math:`D = \operatorname{log1p}(u)/\sqrt c`, with log1p rebuilt from
+``log`` (:func:`_log1p_from_log`), or plain ``log(1 + u)`` in row blocks where every u > 1. aten's
+``log1p_`` on torch 2.14.1 (MKL, this CPU) runs 7 ms at 900² in a fresh process but 0.7 ms once
+any large float ``pow`` has run: its speed depends on process state, the log-based form's
+(~1.8 ms, within 2 ulp) does not (``python bench/distance.py --log1p`` measures both states). The
+elementwise tail runs in row blocks of ``_TAIL_BLOCK_ELEMENTS`` so that its passes stay in
+cache, and writes D into the product's own buffer. Every point at the origin: D = 0 directly
+(aten's ``sqrt`` is 5× slower on zeros).
 
 A Gram product loses the small differences of nearby points: its absolute error on :math:`w_{ij}`
-is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`w` is below a
-per-row bound derived from that error (``_TARGET_REL_ERROR``) are recomputed from explicit
-differences :math:`x_i - y_j`. In float32, if more than 1/16 of all pairs are close (a collapsed
-batch), the whole product is redone in float64 instead, which needs the fix only for
-near-duplicates. When ``x`` is ``y`` the diagonal is set to exactly 0. Memory is O(NM + ND); no
-N×M×D tensor is built.
+is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`P` is below
+that error scaled by ``1/_TARGET_REL_ERROR``, i.e. :math:`\|x_i - y_j\|^2 < f(\|x_i\|^2 + \|y_j\|^2)`
+(:math:`f \approx 0.07` in float32), are recomputed from explicit differences :math:`x_i - y_j`. The
+test is per pair: a per-row bound over the :math:`j` that can be close to :math:`i` at all
+(:math:`\|y_j\|/\|x_i\|` within a band, by the triangle inequality) first keeps the per-pair compare
+to the few rows that can have a close pair (the former per-row bound, a maximum over all
+:math:`j` of :math:`q_j(\|x_i\|^2 + \|y_j\|^2)`, flagged ~6% of all pairs as close when radii spread
+down to the origin and ~44% near the boundary: 2-10× slower, though hardly any pair was). In float32, if more than 1/16 of all pairs are
+really close (a collapsed batch), the whole product is redone in float64 instead, which needs the
+fix only for near-duplicates. Two points both exactly at the origin give :math:`W = 0` exactly
+(their bound is 0, no pair is "close"); points with :math:`0 < \|x\|^2` below ``_TINY_SQ_NORM``
+(where float32 products underflow) are handled like extreme points. When ``x`` is ``y`` the
+diagonal is set to exactly 0. Memory is O(NM + ND); no N×M×D tensor is built.
 
 Extreme points. :math:`1 - c\|x\|^2` is floored at ``DENOM_FLOOR`` = 2⁻⁶⁰ (only points on or
 outside the boundary reach it). Points with :math:`1 - c\|x\|^2` below ``_EXTREME_A`` (nearer the
@@ -45,7 +57,9 @@ Backward. With upstream gradient :math:`U`, :math:`E = U/\sqrt{w(1+w)}` and
 - 2x_i\cdot\sum_j E_{ij}q_jy_j\big)`, so one product with :math:`[q y, q, q\|y\|^2]` gives
 everything for :math:`x` (its cancellation error is bounded like the forward's, because every pair
 left in it passed the closeness test). When ``x`` is ``y`` (PML's ``compute_mat(emb, emb)``) the two
-gradients add up: :math:`(E + E^\top)A`, computed as :math:`EA + E^\top A`. Close pairs are taken out of :math:`E` and
+gradients add up: :math:`(E + E^\top)A`, with :math:`E + E^\top` formed in place by tiles
+(:func:`_symmetrize_`); :math:`E` lives in :math:`S`'s buffer, which is then kept for the next call
+(:func:`_take_scratch`). Close pairs are taken out of :math:`E` and
 added back sparsely in bounded explicit form: :math:`2U_{ij}\,(x_i - y_j)/(\|x_i - y_j\|
 \sqrt{a_i b_j(1+w_{ij})})` (0 at :math:`x_i = y_j`, no NaN from the diagonal) plus their
 :math:`F_{ij}`. For the curvature
@@ -55,11 +69,15 @@ added back sparsely in bounded explicit form: :math:`2U_{ij}\,(x_i - y_j)/(\|x_i
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from .threads import limited_threads, uncontended_threads
 
 # Target relative error of w for pairs left to the matrix product (d's relative error is at most
 # half of it): float32 4e-5 (spec: 1e-4 on d), float64 4e-11 (spec: 1e-10).
@@ -77,6 +95,14 @@ DENOM_FLOOR = 2.0 ** -60
 # outside) are "extreme": kept out of the Gram product and its error bound (one of them would
 # inflate the bound of every row), their pairs are all computed explicitly.
 _EXTREME_A = {torch.float32: 1e-5, torch.float64: 1e-10}
+# Nonzero points with ‖x‖² below this are handled like extreme points (explicit float64 pairs):
+# their products underflow in the Gram matrix. Exact zeros stay in it (their W is exactly 0).
+_TINY_SQ_NORM = {torch.float32: 1e-30, torch.float64: 1e-290}
+# The elementwise tail runs in row blocks of about this many elements (1 MB of float32 per
+# temporary): measured 2.3× faster than whole-matrix passes at 4096², equal at 900².
+_TAIL_BLOCK_ELEMENTS = 1 << 18
+# Row blocks whose smallest W = 2w is at least this (u = W + √(2W + W²) > 1) need no log1p.
+_PLAIN_LOG_MIN_W = 0.3
 _TINY64 = torch.finfo(torch.float64).tiny
 
 
@@ -94,68 +120,109 @@ def _row_terms(x: Tensor, c: float):
     return x2, inv_a
 
 
-def _augmented(x: Tensor, x2: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    """Rows ``[scale·x, scale, scale·‖x‖²]`` in ``dtype`` (the right factor of the backward products)."""
+def _augmented(x: Tensor, x2: Tensor, scale: Tensor, dtype: torch.dtype, pad: bool = False) -> Tensor:
+    """Rows ``[scale·x, scale, scale·‖x‖²]`` in ``dtype`` (the right factor of the backward products).
+
+    ``pad`` appends zero columns up to a multiple of 8: MKL's ``E @ A`` with 130 columns measured
+    1.3× slower than with 136 at 4096 × 4096."""
     n, dim = x.shape
-    out = torch.empty(n, dim + 2, dtype=dtype, device=x.device)
+    width = -(-(dim + 2) // 8) * 8 if pad else dim + 2
+    out = torch.empty(n, width, dtype=dtype, device=x.device)
     torch.mul(x.to(dtype), scale.to(dtype)[:, None], out=out[:, :dim])
     out[:, dim] = scale
     out[:, dim + 1] = scale * x2
+    out[:, dim + 2:] = 0
     return out
 
 
-def _gram_W(x, y, x2, inv_a, y2, inv_b, c: float, dtype):
-    """W = 2w = 2c‖x−y‖²/(ab) from one augmented matrix product, plus the per-row closeness bound.
+class _CloseBound(NamedTuple):
+    """Closeness bound of the Gram product's pairs: pair (i, j) is close if
+    P_ij < row_x_i + row_1_i·y2_j (= f·2p_i (‖x_i‖² + ‖y_j‖²), P = W before its column scaling);
+    ``row`` (in P's dtype) bounds it over every j that can be close to i at all, a prefilter."""
 
-    (Extreme points enter with 1/a = 0, i.e. out of the bound; see :func:`_gram_regular`.)"""
+    row: Tensor
+    row_x: Tensor
+    row_1: Tensor
+    y2: Tensor
+
+
+def _band_ratio_sq(f: float) -> float:
+    """Largest (‖y‖/‖x‖)² of a pair that can be close: ‖x − y‖² ≥ (‖x‖ − ‖y‖)², so
+    ‖x − y‖² < f(‖x‖² + ‖y‖²) needs (1 − r)² < f(1 + r²), i.e. r below the larger root of
+    (1 − f)r² − 2r + (1 − f) = 0 (inf when f ≥ 1: no band)."""
+    if f >= 1.0:
+        return math.inf
+    return ((1.0 + math.sqrt(1.0 - (1.0 - f) ** 2)) / (1.0 - f)) ** 2
+
+
+def _gram_W(x, y, x2, inv_a, y2, inv_b, c: float, dtype):
+    """P = 2c‖x−y‖²/a from one augmented matrix product (W = 2w = P·q_j, q = 1/b, is applied by
+    :func:`_distance_tail`), plus its :class:`_CloseBound`.
+
+    The columns are left unscaled so that the closeness test ‖x−y‖² < f(‖x‖² + ‖y‖²) is a
+    per-row bound on P whatever the spread of 1/b (near the boundary it spans orders of
+    magnitude). (Extreme points enter with 1/a = 0; see :func:`_gram_regular`.)"""
     p2 = (2.0 * c) * inv_a
     dim = x.shape[1]
     left = _augmented(x, x2, -2.0 * p2, dtype)  # [-4p x, -2p, -2p‖x‖²] -> fix the last two
     left[:, dim] = p2 * x2
     left[:, dim + 1] = p2
-    right = _augmented(y, y2, inv_b, dtype)  # [q y, q, q‖y‖²]
-    W = left @ right.T  # 2p q (‖x‖² + ‖y‖² − 2 x·y)
+    right = _augmented(y, y2, torch.ones_like(y2), dtype)  # [y, 1, ‖y‖²]
+    P = left @ right.T  # 2p (‖x‖² + ‖y‖² − 2 x·y)
     factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
-    # Upper bound of 2 p_i max_j q_j (‖x_i‖² + ‖y_j‖²): the Gram error scale of row i of W.
-    bound = factor * p2 * (x2 * inv_b.max() + (inv_b * y2).max())
-    return W, bound.to(dtype)
+    # The Gram error scale of P_ij is 2 p_i (‖x_i‖² + ‖y_j‖²). Only columns with ‖y_j‖² up to
+    # band·‖x_i‖² can be close to row i, so its largest bound is at min(band·‖x_i‖², max ‖y‖²).
+    row_x, row_1 = factor * p2 * x2, factor * p2
+    y2_max = y2.max() if y2.numel() else x2.new_zeros(())
+    row = row_x + row_1 * torch.clamp(x2 * _band_ratio_sq(factor), max=y2_max)
+    return P, _CloseBound(row.to(dtype), row_x, row_1, y2)
 
 
 def _gram_regular(x, y, x2, inv_a, y2, inv_b, c: float, dtype, ext_x, ext_y):
     """:func:`_gram_W` with the extreme rows ``ext_x`` / columns ``ext_y`` (index tensors or None)
-    left out: their 1/a is 0 in the product and the bound, their entries of W are +inf (never
+    left out: their 1/a is 0 in the product and the bound, their entries of P are +inf (never
     "close"); the caller computes all their pairs explicitly."""
     if ext_x is not None:
         inv_a = inv_a.index_fill(0, ext_x, 0.0)
-    if ext_y is not None:
-        inv_b = inv_b.index_fill(0, ext_y, 0.0)
-    W, bound = _gram_W(x, y, x2, inv_a, y2, inv_b, c, dtype)
+    P, bound = _gram_W(x, y, x2, inv_a, y2, inv_b, c, dtype)
     if ext_x is not None:
-        W.index_fill_(0, ext_x, float("inf"))
+        P.index_fill_(0, ext_x, float("inf"))
     if ext_y is not None:
-        W.index_fill_(1, ext_y, float("inf"))
-    return W, bound
+        P.index_fill_(1, ext_y, float("inf"))
+    return P, bound
 
 
-def _close_pairs(W: Tensor, bound: Tensor, same: bool):
-    """Indices of the pairs the Gram product cannot resolve (excluding the diagonal if ``same``).
+def _close_pairs(P: Tensor, bound: _CloseBound, same: bool, with_row_min: bool = False):
+    """Indices of the pairs the Gram product cannot resolve (excluding the diagonal if ``same``),
+    and with ``with_row_min`` also each row's smallest off-diagonal P (the tail uses it).
 
-    A per-row minimum first keeps the full-matrix compare and ``nonzero`` to the few rows that
-    have a close pair at all. With ``same`` the diagonal is written as exactly 0.
+    The per-row bound first keeps the per-pair test to the rows that can have a close pair at
+    all; on those (in row blocks, to stay in cache) each P_ij is compared with its own bound, a
+    rank-2 matrix built by one small product. Strict ``<``: a pair whose bound is 0 (both points
+    at the origin) has P = 0 exactly and is not close. With ``same`` the diagonal is written as
+    exactly 0.
     """
     if same:
-        W.diagonal().fill_(float("inf"))
-    candidates = torch.nonzero(W.amin(1) <= bound).squeeze(1)
-    if candidates.numel() == 0:
-        rows = cols = candidates
-    elif candidates.numel() == W.shape[0]:
-        rows, cols = torch.nonzero(W <= bound[:, None], as_tuple=True)
-    else:
-        sub_rows, cols = torch.nonzero(W[candidates] <= bound[candidates, None], as_tuple=True)
-        rows = candidates[sub_rows]
+        P.diagonal().fill_(float("inf"))
+    row_min = P.amin(1)
+    candidates = torch.nonzero(row_min < bound.row).squeeze(1)
+    rows, cols = [], []
+    if candidates.numel():
+        left = torch.stack([bound.row_x[candidates], bound.row_1[candidates]], 1).to(P.dtype)
+        right = torch.stack([torch.ones_like(bound.y2), bound.y2]).to(P.dtype)
+        step = max(1, _TAIL_BLOCK_ELEMENTS // max(1, P.shape[1]))
+        for start in range(0, candidates.numel(), step):
+            block = candidates[start:start + step]
+            sub_rows, sub_cols = torch.nonzero(P[block] < left[start:start + step] @ right, as_tuple=True)
+            rows.append(block[sub_rows])
+            cols.append(sub_cols)
     if same:
-        W.diagonal().zero_()
-    return rows, cols
+        P.diagonal().zero_()
+    if not rows:
+        rows, cols = candidates, candidates
+    else:
+        rows, cols = (torch.cat(rows), torch.cat(cols)) if len(rows) > 1 else (rows[0], cols[0])
+    return (rows, cols, row_min) if with_row_min else (rows, cols)
 
 
 def _extreme_pairs(n: int, m: int, ext_x, ext_y, same: bool, device):
@@ -185,6 +252,111 @@ def _explicit_sq_diff(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor) -> Tenso
     return out
 
 
+def _log1p_from_log(u: Tensor, v: Tensor, t: Tensor) -> Tensor:
+    r"""log1p(u) for u ≥ 0 from ``log``, written into ``t`` (``u`` is overwritten, ``v``/``t`` are
+    scratch of u's shape):
+
+    .. math:: v = \operatorname{fl}(1 + u),\quad e = u - (v - 1),\quad
+              \operatorname{log1p}(u) = \log v + e/v + O(e^2/v^2).
+
+    ``v − 1`` and ``u − (v − 1)`` are exact in floating point (Sterbenz), so ``e`` is the exact
+    rounding error of ``1 + u`` and the result is accurate to a few ulps for every u ≥ 0, also
+    u < eps (v = 1, e = u). Five passes, one transcendental; unlike aten's ``log1p_`` its speed does
+    not depend on the process state (``bench/distance.py --log1p``)."""
+    torch.add(u, 1.0, out=v)
+    torch.sub(v, 1.0, out=t)
+    u.sub_(t)  # e
+    torch.log(v, out=t)
+    return t.addcdiv_(u, v)
+
+
+# One N×M scratch buffer (the S/E of the last backward) is kept per process on CPU and reused as
+# the next call's S: a fresh N×M allocation comes with fresh pages, and faulting them in measured
+# ~1.5 ms at 900² (~15% of a CosineSimilarity forward+backward, 1 thread) and ~30 ms at 4096².
+# The cost: that one buffer stays allocated between calls (3.2 MB at 900², 64 MB at 4096²).
+# (CUDA's caching allocator already reuses memory: not used there.)
+_SCRATCH: dict = {}
+
+
+def _take_scratch(like: Tensor) -> Tensor:
+    """An uninitialised tensor shaped like ``like``: the kept scratch buffer if it fits, else new."""
+    if like.device.type == "cpu":
+        spare = _SCRATCH.pop("S", None)  # (pop is atomic: two threads never get the same buffer)
+        if spare is not None and spare.shape == like.shape and spare.dtype == like.dtype:
+            return spare
+    return torch.empty_like(like)
+
+
+def _give_scratch(buffer: Tensor) -> None:
+    """Keep ``buffer`` (no longer referenced by its caller) for the next :func:`_take_scratch`."""
+    if buffer.device.type == "cpu" and buffer.is_contiguous():
+        _SCRATCH["S"] = buffer
+
+
+def _distance_tail(P: Tensor, c: float, col_scale: Tensor, row_min: Tensor | None = None,
+                   keep_S: bool = True) -> Tensor | None:
+    """In place: P → W = 2w = P·col_scale[j] → D = log1p(W + √2·S)/√c; returns
+    S = √(W + W²/2) = √2·√(w(1+w)) (a scratch buffer, see :func:`_take_scratch`), or None
+    without ``keep_S`` (no backward to come: S then lives in one block buffer).
+
+    Row blocks keep each block's passes in cache; finite and exactly 0 at W = 0. A block whose
+    rows' smallest P (``row_min``, the diagonal excluded; ≤ W as the scale 1/b ≥ 1) is at least
+    ``_PLAIN_LOG_MIN_W`` takes plain ``log(1 + u)``: there u > 1, and the rounding of 1 + u costs
+    at most 2⁻²⁴/log 2 relative (float32), under an ulp of D."""
+    W = P
+    rows = max(1, _TAIL_BLOCK_ELEMENTS // max(1, W.shape[1]))
+    S = _take_scratch(W) if keep_S else None
+    s_scratch = None if keep_S else W.new_empty(min(rows, W.shape[0]) * W.shape[1])
+    starts = range(0, W.shape[0], rows)
+    if row_min is None:
+        plain = [False] * len(starts)
+    else:  # one host transfer for all blocks
+        padded = torch.nn.functional.pad(row_min, (0, len(starts) * rows - row_min.shape[0]), value=float("inf"))
+        plain = (padded.view(len(starts), rows).amin(1) >= _PLAIN_LOG_MIN_W).tolist()
+    v = t = None
+    inv_sqrt_c = 1.0 / math.sqrt(c)
+    for start, plain_log in zip(starts, plain):
+        w_blk = W[start:start + rows]
+        s_blk = S[start:start + rows] if keep_S else s_scratch[:w_blk.numel()].view(w_blk.shape)
+        w_blk.mul_(col_scale)
+        torch.addcmul(w_blk, w_blk, w_blk, value=0.5, out=s_blk).sqrt_()
+        u = w_blk.add_(s_blk, alpha=_SQRT2)
+        if plain_log:
+            u.add_(1.0).log_().mul_(inv_sqrt_c)
+            continue
+        if v is None or v.shape != w_blk.shape:
+            v, t = torch.empty_like(w_blk), torch.empty_like(w_blk)
+        d = _log1p_from_log(u, v, t)
+        torch.mul(d, inv_sqrt_c, out=w_blk)
+    return S
+
+
+def _symmetrize_(E: Tensor, tile: int = 512) -> Tensor:
+    """E ← E + Eᵀ in place (square E), by pairs of tiles: each tile is copied out, transposed by
+    aten's blocked transpose copy (a transposed contiguous source) and added back, through two
+    reused tile buffers (no N×N temporary). ``torch.add(E, E.T)`` reads Eᵀ with a cache-hostile
+    stride: 160 ms at 4096² against 24 ms here (1 thread)."""
+    n = E.shape[0]
+    copy_buf = E.new_empty(min(n, tile) ** 2)
+    transposed_buf = E.new_empty(min(n, tile) ** 2)
+
+    def transposed(block: Tensor) -> Tensor:
+        h, w = block.shape
+        copy = copy_buf[:h * w].view(h, w).copy_(block)
+        return transposed_buf[:h * w].view(w, h).copy_(copy.T)
+
+    for i in range(0, n, tile):
+        for j in range(i, n, tile):
+            upper = E[i:i + tile, j:j + tile]
+            if i == j:
+                upper.add_(transposed(upper))
+            else:
+                lower = E[j:j + tile, i:i + tile]
+                lower.add_(transposed(upper))  # lower + upperᵀ, whose transpose is the new upper
+                upper.copy_(transposed(lower))
+    return E
+
+
 def _folded_F(z: Tensor, x: Tensor, x2: Tensor, p: Tensor) -> Tensor:
     """Σ_j E_ij w_ij = p_i (‖x_i‖² Σ_j E_ij q_j + Σ_j E_ij q_j‖y_j‖² − 2 x_i·Σ_j E_ij q_j y_j),
     from ``z = E @ [q y, q, q‖y‖²]``."""
@@ -212,73 +384,106 @@ def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor,
     return d
 
 
+def _extreme_points(x2: Tensor, inv_a: Tensor, dtype: torch.dtype):
+    """Indices (or None) of the points kept out of the Gram product: on/outside the boundary or
+    closer to it than `project` puts anything (1/a > 1/threshold ⇔ 1 − c‖x‖² < threshold, floored
+    ones included), and nonzero points so small that their products underflow."""
+    extreme = (inv_a > 1.0 / _EXTREME_A[dtype]) | ((x2 > 0) & (x2 < _TINY_SQ_NORM[dtype]))
+    index = torch.nonzero(extreme).squeeze(1)
+    return index if index.numel() else None
+
+
+def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = True):
+    """The forward's tensors: D, S (see :func:`_distance_tail`; None without ``keep_S`` or when
+    every point is at the origin), the explicit pairs (rows, cols) with their float64 w, the
+    float64 row terms, and whether every point is at the origin."""
+    dtype = x.dtype
+    x2, inv_a = _row_terms(x, cf)
+    y2, inv_b = (x2, inv_a) if same else _row_terms(y, cf)
+    if x.shape[0] == 0 or y.shape[0] == 0:
+        empty = x.new_zeros(x.shape[0], y.shape[0])
+        no_pairs = torch.zeros(0, dtype=torch.long, device=x.device)
+        return empty, empty, no_pairs, no_pairs, x2.new_zeros(0), x2, inv_a, y2, inv_b, False
+    if not (bool((x2 != 0).any()) or bool((y2 != 0).any())):  # (NaN != 0: NaN input is not 'at the origin')
+        # every point at the origin: D = 0 and, with the zero subgradient at x_i = y_j, so is
+        # every gradient (also a fast path: aten's sqrt is 5× slower on zeros)
+        zeros = x.new_zeros(x.shape[0], y.shape[0])
+        no_pairs = torch.zeros(0, dtype=torch.long, device=x.device)
+        return zeros, None, no_pairs, no_pairs, x2.new_zeros(0), x2, inv_a, y2, inv_b, True
+    # Extreme points: out of the Gram product, all their pairs explicit (they must not touch the
+    # other pairs).
+    ext_x = _extreme_points(x2, inv_a, dtype)
+    ext_y = ext_x if same else _extreme_points(y2, inv_b, dtype)
+    gram = _gram_W if ext_x is None and ext_y is None else functools.partial(
+        _gram_regular, ext_x=ext_x, ext_y=ext_y)
+    W, bound = gram(x, y, x2, inv_a, y2, inv_b, cf, dtype)
+    rows, cols, row_min = _close_pairs(W, bound, same, with_row_min=True)
+    if dtype == torch.float32 and rows.numel() > _MAX_CLOSE_FRACTION * W.numel():
+        W64, bound64 = gram(x, y, x2, inv_a, y2, inv_b, cf, torch.float64)
+        rows, cols, row_min = _close_pairs(W64, bound64, same, with_row_min=True)
+        W = W64.to(dtype)
+    if ext_x is not None or ext_y is not None:
+        ext_rows, ext_cols = _extreme_pairs(x.shape[0], y.shape[0], ext_x, ext_y, same, x.device)
+        rows, cols = torch.cat([rows, ext_rows]), torch.cat([cols, ext_cols])
+    # float64: w of a pair with a floored denominator can exceed float32's range
+    w_close = (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
+    S = _distance_tail(W, cf, inv_b.to(dtype), row_min, keep_S)  # (the explicit pairs' S is never read)
+    d = W
+    if rows.numel():  # explicit pairs: D from their float64 w
+        d[rows, cols] = ((2.0 / math.sqrt(cf)) * torch.asinh(w_close.sqrt())).to(dtype)
+    return d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, False
+
+
+def _kernel_threads(x: Tensor):
+    """The CPU threads of one kernel call: the cores no other process holds right now. The row-
+    blocked tail is a loop of mid-sized parallel ops; on a busy machine each op's barrier would wait
+    for a descheduled thread (measured: 2 threads 3.1× the 1-thread wall time under load,
+    ``bench/under_load.py``)."""
+    if x.device.type != "cpu":
+        return contextlib.nullcontext()
+    return limited_threads(uncontended_threads())
+
+
 class PoincarePairwiseDist(torch.autograd.Function):
     """Autograd function behind :func:`pml_hyperbolic.poincare_ball.pairwise_dist`."""
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, c: Tensor) -> Tensor:
-        dtype = x.dtype
         cf = float(c.detach())
         # PML's compute_mat(emb, emb) passes one tensor twice: its diagonal is exactly 0.
         same = x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
         ctx.same = same
         ctx.same_object = x is y
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            x2, inv_a = _row_terms(x, cf)
-            y2, inv_b = (x2, inv_a) if same else _row_terms(y, cf)
-            if x.shape[0] == 0 or y.shape[0] == 0:
-                empty = x.new_zeros(x.shape[0], y.shape[0])
-                ctx.save_for_backward(x, y, c, empty, empty, None, None, None, x2, inv_a, y2, inv_b)
-                return empty
-            # Points on/outside the boundary (or closer to it than `project` puts anything): out of
-            # the Gram product, all their pairs explicit (they must not touch the other pairs).
-            # (1/a > 1/threshold ⇔ 1 − c‖x‖² < threshold, floored ones included)
-            ext_x = torch.nonzero(inv_a > 1.0 / _EXTREME_A[dtype]).squeeze(1)
-            ext_y = ext_x if same else torch.nonzero(inv_b > 1.0 / _EXTREME_A[dtype]).squeeze(1)
-            ext_x = ext_x if ext_x.numel() else None
-            ext_y = ext_y if ext_y.numel() else None
-            gram = _gram_W if ext_x is None and ext_y is None else functools.partial(
-                _gram_regular, ext_x=ext_x, ext_y=ext_y)
-            W, bound = gram(x, y, x2, inv_a, y2, inv_b, cf, dtype)
-            rows, cols = _close_pairs(W, bound, same)
-            if dtype == torch.float32 and rows.numel() > _MAX_CLOSE_FRACTION * W.numel():
-                W64, bound64 = gram(x, y, x2, inv_a, y2, inv_b, cf, torch.float64)
-                rows, cols = _close_pairs(W64, bound64, same)
-                W = W64.to(dtype)
-            n_gram_close = rows.numel()
-            if ext_x is not None or ext_y is not None:
-                ext_rows, ext_cols = _extreme_pairs(x.shape[0], y.shape[0], ext_x, ext_y, same, x.device)
-                rows, cols = torch.cat([rows, ext_rows]), torch.cat([cols, ext_cols])
-            if rows.numel():
-                # float64: w of a pair with a floored denominator can exceed float32's range
-                w_close = (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
-                W[rows, cols] = (2.0 * w_close).to(dtype)
-            else:
-                w_close = x2.new_zeros(0)
-            # S = sqrt(W + W²/2) = sqrt2·sqrt(w(1+w)); D = log1p(W + sqrt2·S)/sqrt(c). In place;
-            # finite and exactly 0 at W = 0 (no rsqrt, whose Inf at 0 would need patching).
-            S = torch.addcmul(W, W, W, value=0.5).sqrt_()
-            d = W.add_(S, alpha=_SQRT2).log1p_()  # aten's log1p: fastest and most accurate here (bench/distance.py --log1p)
-            if cf != 1.0:
-                d.mul_(1.0 / math.sqrt(cf))
-            if rows.numel() > n_gram_close:  # extreme pairs: D in float64 (their W may overflow)
-                w_ext = w_close[n_gram_close:]
-                d[rows[n_gram_close:], cols[n_gram_close:]] = (
-                    (2.0 / math.sqrt(cf)) * torch.asinh(w_ext.sqrt())).to(dtype)
-        ctx.save_for_backward(x, y, c, S, d if ctx.needs_input_grad[2] else None, rows, cols, w_close,
+        with torch.autocast(device_type=x.device.type, enabled=False), _kernel_threads(x):
+            d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, at_origin = _forward_core(
+                x, y, cf, same, keep_S=any(ctx.needs_input_grad))
+        # S is kept as an attribute, not a saved tensor: the backward turns it into E in place
+        # (one N×M buffer less, which at 4096² is a 64 MB fresh allocation, page faults included)
+        # and a second backward (retain_graph) recomputes it.
+        ctx.S = S
+        ctx.all_at_origin = at_origin
+        ctx.save_for_backward(x, y, c, d if ctx.needs_input_grad[2] else None, rows, cols, w_close,
                               x2, inv_a, y2, inv_b)
         return d
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, y, c, S, d, rows, cols, w_close, x2, inv_a, y2, inv_b = ctx.saved_tensors
+        x, y, c, d, rows, cols, w_close, x2, inv_a, y2, inv_b = ctx.saved_tensors
         need_x, need_y, need_c = ctx.needs_input_grad
-        if S.numel() == 0:
+        if x.shape[0] == 0 or y.shape[0] == 0:
             return (torch.zeros_like(x) if need_x else None, torch.zeros_like(y) if need_y else None,
                     torch.zeros_like(c) if need_c else None)
         if torch.is_grad_enabled():  # create_graph=True (a gradient penalty): differentiable path
             return PoincarePairwiseDist._backward_create_graph(ctx, grad, x, y, c, rows, cols)
-        with torch.no_grad():
+        if ctx.all_at_origin:  # D ≡ 0 (see _forward_core)
+            return (torch.zeros_like(x) if need_x else None,
+                    torch.zeros_like(y) if need_y and not (ctx.same_object and need_x) else None,
+                    torch.zeros_like(c) if need_c else None)
+        S, ctx.S = ctx.S, None  # consumed (overwritten by E) below
+        if S is None:  # a second backward through the same graph (retain_graph=True)
+            with torch.no_grad(), torch.autocast(device_type=x.device.type, enabled=False), _kernel_threads(x):
+                S = _forward_core(x, y, float(c.detach()), ctx.same)[1]
+        with torch.no_grad(), _kernel_threads(x):
             return PoincarePairwiseDist._backward_closed_form(ctx, grad, x, y, c, S, d, rows, cols, w_close,
                                                               x2, inv_a, y2, inv_b)
 
@@ -303,11 +508,16 @@ class PoincarePairwiseDist(torch.autograd.Function):
             grad = grad.to(dtype)
             cf = float(c.detach())
             sqrt_c = math.sqrt(cf)
-            # E' = U/S = E/sqrt2 (undone in `scale` below); Inf/NaN only where S = 0 (diagonal,
-            # close pairs), which are overwritten next.
-            E = torch.div(grad, S)
+            # E' = U/S = E/sqrt2 (undone in `scale` below), in S's buffer. Inf/NaN only where
+            # S = 0: the diagonal, close pairs and pairs of two points at the origin, all zeroed
+            # next (their gradient terms are 0 or added back explicitly).
+            E = torch.div(grad, S, out=S)
             if ctx.same:  # x_i = y_i: both terms of the gradient are 0 there
                 E.diagonal().zero_()
+            at_origin_x = torch.nonzero(x2 == 0).squeeze(1)
+            at_origin_y = at_origin_x if ctx.same else torch.nonzero(y2 == 0).squeeze(1)
+            if at_origin_x.numel() and at_origin_y.numel():  # (cost ∝ the rows at the origin)
+                E.index_copy_(0, at_origin_x, E.index_select(0, at_origin_x).index_fill_(1, at_origin_y, 0.0))
             n_close = rows.numel()
             if n_close:
                 u_close = grad[rows, cols]
@@ -332,12 +542,10 @@ class PoincarePairwiseDist(torch.autograd.Function):
             gx = gy = gc = None
             row_F = col_F = None
             if combined:
-                # x is y: ∇ = ∇_x + ∇_y = (E + E^T) A (weights 1/a = 1/b). For large matrices as
-                # two products (BLAS reads E^T in place), since forming E + E^T is a cache-hostile
-                # transpose: at 4096 × 4096 measured 61 ms against 26 ms for the second product;
-                # at 900 × 900 the two ways cost the same
-                A = _augmented(x, x2, inv_a, dtype)
-                Z = torch.addmm(E.T @ A, E, A) if E.numel() >= (1 << 22) else torch.add(E, E.T) @ A
+                # x is y: ∇ = ∇_x + ∇_y = (E + E^T) A (weights 1/a = 1/b), E + E^T formed in place
+                # by tiles (one product instead of E A + E^T A: 4096², 24 ms against 55 ms)
+                A = _augmented(x, x2, inv_a, dtype, pad=True)
+                Z = _symmetrize_(E) @ A
                 both_F = _SQRT2 * _folded_F(Z, x, x2d, p)
                 if need_c:
                     total_F = both_F.double().sum() / 2 + (F_close.double().sum() if n_close else 0.0)
@@ -350,7 +558,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
                 row_F, col_F = both_F, None
             else:
                 if need_x or need_c:
-                    R = E @ _augmented(y, y2, inv_b, dtype)
+                    R = E @ _augmented(y, y2, inv_b, dtype, pad=True)
                     row_F = _SQRT2 * _folded_F(R, x, x2d, p)
                     if need_c:
                         total_F = row_F.double().sum() + (F_close.double().sum() if n_close else 0.0)
@@ -362,7 +570,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
                         if n_close:
                             gx.index_add_(0, rows, explicit)
                 if need_y or need_c:
-                    C = E.T @ _augmented(x, x2, inv_a, dtype)
+                    C = E.T @ _augmented(x, x2, inv_a, dtype, pad=True)
                     col_F = _SQRT2 * _folded_F(C, y, y2d, q_c)
                     if n_close:
                         col_F.index_add_(0, cols, F_col_close)
@@ -381,6 +589,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
                 total = -torch.vdot(grad.reshape(-1), d.reshape(-1)).double() / (2 * cf) + (
                     total_F / cf + weighted) / sqrt_c
                 gc = total.to(c.dtype).reshape(c.shape)
+            _give_scratch(E)  # E (S's buffer) is not read past this point
         return gx, (None if combined else gy), gc
 
 
