@@ -68,7 +68,8 @@ def test_hyp_uml_triplet_head_only(tmp_path):
 def test_hyp_vit_hyperbolic_and_spherical(tmp_path):
     run("hyp_vit", "HypViT", tmp_path / "h", ["--no-plots", "--view-pairs", "true"])
     results, _ = run("hyp_vit", "HypViT", tmp_path / "s", ["--model", "sph"])
-    assert results["plots"] == {}  # no Poincaré plot for the sphere
+    # no Poincaré plots for the sphere; the retrieval grid is drawn for every recipe
+    assert set(results["plots"]) == {"retrieval_grid"} and os.path.isfile(results["plots"]["retrieval_grid"])
 
 
 def test_hyp_mix(tmp_path):
@@ -185,7 +186,9 @@ def test_curvature_auto_and_plots(tmp_path, capsys, monkeypatch):
     d_rel = evaluation.relative_delta(feats, n_samples=2000)
     assert results["curvature"] == pytest.approx(min(10.0, max(1e-4, (0.144 / d_rel) ** 2)), rel=1e-9)
     assert os.path.isfile(out / "poincare_disk.png") and os.path.isfile(out / "uncertainty_vs_recall.png")
+    assert os.path.isfile(out / "retrieval_grid.png")
     assert results["uncertainty_vs_recall"]  # the table behind the plot is in results.json
+    assert 0.0 <= results["uncertainty_failure_auroc"] <= 1.0  # and the AUROC of the summary
 
 
 def test_hyp_vit_with_hier_regulariser(tmp_path):

@@ -10,19 +10,24 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+import tqdm
 from pytorch_metric_learning.testers import GlobalEmbeddingSpaceTester
 from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..data.image_list import collate_skipping_unreadable
 
 from .checkpoint import rng_state, set_rng_state, unwrap
+from .trainer import (CPU_TRUNK_CHUNK_SIZE, checked_chunk_size, chunked_forward_applies, forward_in_chunks, is_frozen,
+                      progress_enabled, retain_freed_memory)
 
 
 def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), batch_size: int = 128,
-                 device=None, num_workers: int = 0) -> GlobalEmbeddingSpaceTester:
+                 device=None, num_workers: int = 0, cache_frozen_trunk: bool = True,
+                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE) -> GlobalEmbeddingSpaceTester:
     """Tester over the raw head output (``normalize_embeddings=False``: L2-normalising ball points
     would move them onto/outside the boundary) with the exact hyperbolic kNN when ``c`` is given,
-    cosine/Euclidean kNN otherwise (helper-D's :class:`RecallAtKAccuracyCalculator`)."""
+    cosine/Euclidean kNN otherwise (helper-D's :class:`RecallAtKAccuracyCalculator`).
+    ``cache_frozen_trunk`` / ``trunk_chunk_size``: see :class:`SkippingEmbeddingSpaceTester`."""
     from ..evaluation import RecallAtKAccuracyCalculator
 
     # Only Recall@K: PML's default metric set would also run k-means for NMI/AMI on every test.
@@ -30,32 +35,173 @@ def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), bat
                                              include=tuple(f"recall_at_{k}" for k in k_values))
     return SkippingEmbeddingSpaceTester(
         normalize_embeddings=False, batch_size=batch_size, dataloader_num_workers=num_workers,
-        data_device=device, accuracy_calculator=calculator, end_of_testing_hook=lambda tester: None)
+        data_device=device, accuracy_calculator=calculator, end_of_testing_hook=lambda tester: None,
+        cache_frozen_trunk=cache_frozen_trunk, trunk_chunk_size=trunk_chunk_size)
+
+
+# Transforms whose output depends on the input alone (no random draw); matched by class name so
+# that torchvision's v1 and v2 classes and this package's ConvertToRGB all count.
+DETERMINISTIC_TRANSFORMS = frozenset({
+    "Compose", "ToTensor", "PILToTensor", "ToImage", "ToPILImage", "ConvertImageDtype", "ToDtype",
+    "Normalize", "Resize", "CenterCrop", "Pad", "Grayscale", "ConvertToRGB",
+})
+
+
+def has_deterministic_transform(dataset) -> bool:
+    """True when the first ``transform`` found on ``dataset`` (through ``Subset.dataset`` and
+    ``.base`` wrappers) is None or made only of :data:`DETERMINISTIC_TRANSFORMS`: then reading an
+    item twice gives the same tensor. A dataset without a ``transform`` attribute is unknown: False."""
+    seen = set()
+    while dataset is not None and id(dataset) not in seen:
+        seen.add(id(dataset))
+        if hasattr(dataset, "transform"):
+            return _transform_is_deterministic(dataset.transform)
+        dataset = getattr(dataset, "dataset", None) or getattr(dataset, "base", None)
+    return False
+
+
+def _transform_is_deterministic(transform) -> bool:
+    if transform is None:
+        return True
+    if type(transform).__name__ not in DETERMINISTIC_TRANSFORMS:
+        return False
+    return all(_transform_is_deterministic(t) for t in getattr(transform, "transforms", ()))
+
+
+def parameter_fingerprint(model: torch.nn.Module) -> Tuple:
+    """What changes whenever a parameter or buffer of ``model`` may have changed: per tensor its
+    storage address, shape, dtype and version counter (bumped by every in-place write: optimiser
+    steps, ``load_state_dict``), plus a float64 checksum (writes through ``.data`` bypass the version
+    counter). About 5 ms for EfficientNet-Lite0's 4.6 M parameters."""
+    with torch.no_grad():
+        return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version,
+                      float(t.detach().double().sum()) if t.is_floating_point() else int(t.detach().sum()))
+                     for t in (*model.parameters(), *model.buffers()))
 
 
 class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
-    """``GlobalEmbeddingSpaceTester`` whose embedding pass tolerates batches made smaller by
-    :func:`~pml_hyperbolic.data.collate_skipping_unreadable`. PML's own pass allocates one row per
-    dataset item and fills them in order, so skipped items would leave zero rows (points at the
-    origin, labelled 0) at the end that take part in the evaluation; here only the rows that were
-    computed are returned."""
+    """``GlobalEmbeddingSpaceTester`` for this package's runs:
+
+    * its embedding pass tolerates batches made smaller by
+      :func:`~pml_hyperbolic.data.collate_skipping_unreadable`. PML's own pass allocates one row per
+      dataset item and fills them in order, so skipped items would leave zero rows (points at the
+      origin, labelled 0) at the end that take part in the evaluation; here only the rows that were
+      computed are returned;
+    * with ``cache_frozen_trunk`` (default) and a frozen trunk (no parameter requiring a gradient),
+      the trunk's outputs on each split are kept in memory after the first test and later tests
+      re-apply only the head to them. This is exact, so it is done only when the split's
+      transform is deterministic (:func:`has_deterministic_transform`) and the trunk, its parameters
+      (:func:`parameter_fingerprint`), the dataset, the batch size, device and dtype are all
+      unchanged; otherwise the trunk runs again. The head sees the very same batches either way,
+      so the embeddings are bit-identical. Memory: one float32 row of trunk features per image;
+      ``clear_trunk_feature_cache()`` frees it;
+    * on CPU, a frozen trunk runs in chunks of ``trunk_chunk_size`` images
+      (:func:`~pml_hyperbolic.training.trainer.forward_in_chunks`: same outputs, far fewer cache
+      misses than a batch of 256 small images); None = whole batches;
+    * on a CPU device, freed activation memory stays in the process (``keep_freed_memory``:
+      :func:`~pml_hyperbolic.training.trainer.retain_freed_memory`, process-wide): otherwise each
+      batch page-faults its activations in anew, 30-40 % of the pass's CPU time;
+    * progress bars for each split's embedding pass and for the kNN, on stderr (silent when
+      ``TQDM_DISABLE`` is set, read at each test: tqdm itself reads it only when imported).
+    """
+
+    def __init__(self, *args, cache_frozen_trunk: bool = True,
+                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE, keep_freed_memory: bool = True, **kwargs):
+        if not isinstance(cache_frozen_trunk, bool):
+            raise ValueError(f"cache_frozen_trunk must be True or False, got {cache_frozen_trunk!r}")
+        chunk_size = checked_chunk_size(trunk_chunk_size)
+        super().__init__(*args, **kwargs)
+        if keep_freed_memory and torch.device(self.data_device).type == "cpu":
+            retain_freed_memory()
+        self.cache_frozen_trunk = cache_frozen_trunk
+        self.trunk_chunk_size = chunk_size
+        self.trunk_feature_cache: Dict[str, Tuple[Tuple, List]] = {}
+        self._split_name: Optional[str] = None
+        self.cache_hits: List[str] = []  # splits whose last embedding pass used cached features
+
+    def clear_trunk_feature_cache(self) -> None:
+        self.trunk_feature_cache.clear()
+
+    def get_all_embeddings_for_all_splits(self, dataset_dict, trunk_model, embedder_model,
+                                          splits_to_compute_embeddings, collate_fn):
+        # PML passes the dataset but not its split name down to compute_all_embeddings: the cache
+        # is per split
+        self.cache_hits = []
+        embeddings_and_labels = {}
+        for split_name in splits_to_compute_embeddings:
+            self._split_name = split_name
+            try:
+                embeddings_and_labels[split_name] = self.get_all_embeddings(
+                    dataset_dict[split_name], trunk_model, embedder_model, collate_fn)
+            finally:
+                self._split_name = None
+        return embeddings_and_labels
+
+    def _cache_key(self, dataloader, trunk_model) -> Optional[Tuple]:
+        """Everything the trunk features depend on, or None when they must not be cached."""
+        if (not self.cache_frozen_trunk or self._split_name is None or trunk_model.training
+                or not is_frozen(trunk_model) or not has_deterministic_transform(dataloader.dataset)):
+            return None
+        dataset = dataloader.dataset
+        # the objects themselves, not their id(): an id can be reused by a new object
+        return (trunk_model, parameter_fingerprint(trunk_model), dataset, len(dataset), dataloader.batch_size,
+                dataloader.collate_fn, str(self.data_device), self.dtype, self.use_trunk_output)
+
+    def trunk_features(self, trunk_model, images):
+        images = c_f.to_device(images, device=self.data_device, dtype=self.dtype)
+        if chunked_forward_applies(trunk_model, images, self.trunk_chunk_size, require_frozen=False):
+            return forward_in_chunks(trunk_model, images, self.trunk_chunk_size)
+        return trunk_model(images)
+
+    def head_output(self, embedder_model, features):
+        return features if self.use_trunk_output else embedder_model(features)
 
     def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
+        split = self._split_name
+        key = self._cache_key(dataloader, trunk_model)
+        cached = self.trunk_feature_cache.get(split) if key is not None else None
         embeddings, labels = [], []
         with torch.no_grad():
-            for data in dataloader:
-                if data is None:  # every image of the batch was unreadable
-                    continue
-                images, label = self.data_and_label_getter(data)
-                label = c_f.process_label(label, "all", self.label_mapper)
-                if label.dim() == 1:
-                    label = label.unsqueeze(1)
-                emb = self.get_embeddings_for_eval(trunk_model, embedder_model, images)
-                embeddings.append(emb.to(self.data_device))
-                labels.append(label.to(self.data_device))
+            if cached is not None and cached[0] == key:
+                self.cache_hits.append(split)
+                for features, label in tqdm.tqdm(cached[1], desc=f"embedding {split} (cached trunk features)",
+                                                 unit="batch", leave=False, dynamic_ncols=True,
+                                                 disable=not progress_enabled()):
+                    embeddings.append(self.head_output(embedder_model, features).to(self.data_device))
+                    labels.append(label)
+            else:
+                self.trunk_feature_cache.pop(split, None)  # stale (or never valid): free it now
+                record = [] if key is not None else None
+                for data in tqdm.tqdm(dataloader, desc=f"embedding {split or 'split'}", unit="batch",
+                                      leave=False, dynamic_ncols=True, disable=not progress_enabled()):
+                    if data is None:  # every image of the batch was unreadable
+                        continue
+                    images, label = self.data_and_label_getter(data)
+                    label = c_f.process_label(label, "all", self.label_mapper)
+                    if label.dim() == 1:
+                        label = label.unsqueeze(1)
+                    label = label.to(self.data_device)
+                    features = self.trunk_features(trunk_model, images)
+                    if record is not None:
+                        record.append((features, label))
+                    embeddings.append(self.head_output(embedder_model, features).to(self.data_device))
+                    labels.append(label)
+                if record:
+                    self.trunk_feature_cache[split] = (key, record)
         if not embeddings:
             raise RuntimeError("no readable image in the evaluation set")
         return torch.cat(embeddings), torch.cat(labels)
+
+    def do_knn_and_accuracies(self, accuracies, embeddings_and_labels, query_split_name, reference_split_names):
+        queries = len(embeddings_and_labels[query_split_name][0])
+        references = sum(len(embeddings_and_labels[r][0]) for r in reference_split_names)
+        with tqdm.tqdm(total=1, desc=f"kNN: {queries} {query_split_name} queries vs {references} references",
+                       bar_format="{desc} {elapsed}", leave=False, dynamic_ncols=True,
+                       disable=not progress_enabled()) as bar:
+            out = super().do_knn_and_accuracies(accuracies, embeddings_and_labels, query_split_name,
+                                                reference_split_names)
+            bar.update(1)
+        return out
 
 
 def eval_protocol(dataset_name: str) -> List[Tuple[str, List[str]]]:

@@ -4,6 +4,8 @@ hooks (used by the unsupervised recipe to re-cluster)."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 from typing import Callable, Optional
 
@@ -34,6 +36,93 @@ def resolve_amp(amp: str, device: torch.device):
     raise ValueError(f"amp must be one of auto/off/fp16/bf16, got {amp!r}")
 
 
+# Images per call of a frozen trunk on CPU. The batch's activations of a small CNN overflow the CPU
+# caches at a few hundred images: EfficientNet-Lite0 at 48 px, 1 thread, costs 2.3 ms per image in
+# batches of 256, 1.7 ms in batches of 120 and 1.25-1.3 ms in chunks of 48-64 (same outputs, bit
+# for bit; see bench/main_job.py and the report of issue 16).
+CPU_TRUNK_CHUNK_SIZE = 64
+
+
+def forward_in_chunks(model: torch.nn.Module, images: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``model(images)`` computed as ``cat(model(x_1), ..., model(x_n))`` over ``n = ceil(B / chunk_size)``
+    near-equal chunks along the batch, so that no chunk is much smaller than ``chunk_size`` (very
+    small batches take other, slower kernels).
+
+    Only exact for a model whose output rows depend on their own input row alone (eval mode: no
+    batch statistics); callers check that (:func:`chunked_forward_applies`).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n_chunks = math.ceil(images.shape[0] / chunk_size)
+    if n_chunks <= 1:
+        return model(images)
+    return torch.cat([model(chunk) for chunk in torch.tensor_split(images, n_chunks)])
+
+
+def checked_chunk_size(chunk_size) -> Optional[int]:
+    """``trunk_chunk_size`` as an int (or None = whole batches); anything else is refused."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"trunk_chunk_size must be a positive number of images or None (whole batches), "
+                         f"got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def is_frozen(model: torch.nn.Module) -> bool:
+    """No parameter of ``model`` requires a gradient (nothing trains it)."""
+    return not any(p.requires_grad for p in model.parameters())
+
+
+def chunked_forward_applies(model, images, chunk_size: Optional[int], require_frozen: bool = True) -> bool:
+    """Chunking pays and is exact: a model in eval mode (and frozen, unless ``require_frozen`` is
+    False: under ``torch.no_grad`` it does not matter) on a CPU tensor larger than a chunk. GPUs want
+    large batches, and their kernels may change with the batch size."""
+    return (bool(chunk_size) and torch.is_tensor(images) and images.device.type == "cpu"
+            and images.shape[0] > chunk_size and isinstance(model, torch.nn.Module)
+            and not model.training and (is_frozen(model) or not require_frozen))
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_freed_memory_retained = False
+
+
+def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
+    """Keep memory that a CPU forward frees inside the process (glibc ``mallopt``), instead of
+    handing it back to the OS after every batch and page-faulting it in again on the next.
+
+    Why: a CNN forward on CPU allocates and frees tens of MB of activations per batch. glibc serves
+    blocks above its mmap threshold with fresh ``mmap`` pages and trims the heap top once more than
+    ``2 x`` that threshold is free, so each batch faults its activations in anew: for the main job's
+    evaluation pass (EfficientNet-Lite0, 4,640 glyphs at 48 px, 1 thread) 1.0-1.8 M minor faults and
+    2-3.4 s of kernel time per pass, 30-40 % of its CPU, with the same user time. Blocks up to
+    ``mmap_threshold`` (glibc's ceiling, 32 MiB) then come from the heap, and up to ``trim_threshold``
+    bytes of free heap stay mapped. Process-wide and applied once; a no-op (False) where the C
+    library has no ``mallopt`` (macOS, musl)."""
+    global _freed_memory_retained
+    if _freed_memory_retained:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    _freed_memory_retained = (mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) == 1
+                              and mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)) == 1)
+    return _freed_memory_retained
+
+
+def progress_enabled(requested: bool = True) -> bool:
+    """``requested`` unless ``TQDM_DISABLE`` is set (the recipes' ``--quiet`` sets it)."""
+    return requested and os.environ.get("TQDM_DISABLE", "").strip().lower() in ("", "0", "false")
+
+
 def _scalar(value) -> float:
     return float(value.detach()) if torch.is_tensor(value) else float(value)
 
@@ -55,20 +144,28 @@ class HyperbolicTrainer(MetricLossOnly):
             threshold would apply to ``scale × grad`` and clip almost nothing (or everything).
         max_steps: stop after this many optimiser steps in total (across epochs and resumes).
         start_of_epoch_hook: ``hook(trainer)`` called before each epoch's data is drawn.
-        show_progress: tqdm bars (off on non-zero ranks).
+        show_progress: tqdm bars (off on non-zero ranks, and when ``TQDM_DISABLE`` is set).
+        trunk_chunk_size: a frozen trunk in eval mode runs on CPU in chunks of about this many
+            images (same outputs, fewer cache misses: :data:`CPU_TRUNK_CHUNK_SIZE`); None = whole batches.
+        keep_freed_memory: on a CPU device, keep freed activation memory in the process
+            (:func:`retain_freed_memory`, process-wide) rather than page-faulting it in every batch.
     """
 
     def __init__(self, *args, amp_dtype=None, use_grad_scaler=False, grad_clip_norm: Optional[float] = None,
                  max_steps: Optional[int] = None, start_of_epoch_hook: Optional[Callable] = None,
-                 show_progress: bool = True, **kwargs):
+                 show_progress: bool = True, trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE,
+                 keep_freed_memory: bool = True, **kwargs):
+        self.trunk_chunk_size = checked_chunk_size(trunk_chunk_size)
         self.amp_dtype = amp_dtype
         self.grad_clip_norm = grad_clip_norm
         self.max_steps = max_steps
         self.start_of_epoch_hook = start_of_epoch_hook
-        self.show_progress = show_progress
+        self.show_progress = progress_enabled(show_progress)
         self.global_step = 0
         self.nonfinite_steps = 0
         device = kwargs.get("data_device") or torch.device("cpu")
+        if keep_freed_memory and torch.device(device).type == "cpu":
+            retain_freed_memory()
         self.scaler = torch.amp.GradScaler(torch.device(device).type) if use_grad_scaler else None
         super().__init__(*args, **kwargs)
 
@@ -147,6 +244,13 @@ class HyperbolicTrainer(MetricLossOnly):
         device_type = torch.device(self.data_device).type
         return torch.autocast(device_type=device_type, dtype=self.amp_dtype or torch.float32,
                               enabled=self.amp_dtype is not None)
+
+    def get_trunk_output(self, data):
+        data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
+        trunk = self.models["trunk"]
+        if chunked_forward_applies(trunk, data, self.trunk_chunk_size):
+            return forward_in_chunks(trunk, data, self.trunk_chunk_size)
+        return trunk(data)
 
     def compute_embeddings(self, data):
         with self.autocast():
