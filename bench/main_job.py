@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
     import pytorch_metric_learning.testers  # noqa: F401
     from pml_hyperbolic.training import evaluation, runner, trainer
 
-    sys.path.insert(0, os.path.dirname(RECIPE))  # the recipe imports recipes/_cli_bootstrap.py
+    sys.path.insert(0, os.path.dirname(RECIPE))  # recipes are scripts, not a package
     recipe = runpy.run_path(RECIPE, run_name="hyp_uml_bench")["HypUML"]
     clock.switch("other")
     if args.as_before:
