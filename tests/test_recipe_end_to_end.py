@@ -60,7 +60,12 @@ def test_hyp_uml_contrastive(tmp_path, capsys):
 
 
 def test_hyp_uml_triplet_head_only(tmp_path):
-    results, out = run("hyp_uml_cars", "HypUML", tmp_path, ["--loss", "triplet", "--no-plots", "--freeze-trunk", "true"])
+    results, out = run("hyp_uml_cars", "HypUML", tmp_path, ["--loss", "triplet", "--no-plots", "--freeze-trunk", "true",
+                                                            "--head-lr", "0.002"])
+    import csv
+
+    (row,) = csv.DictReader(open(out / "log.csv"))  # one lr column per optimiser: a frozen trunk has none
+    assert float(row["lr_embedder"]) == 0.002 and "lr_trunk" not in row and "lr" not in row
     state = read_checkpoint(str(out / "last.pt"))
     assert "trunk_optimizer" not in state["optimizers"] and "embedder_optimizer" in state["optimizers"]
 

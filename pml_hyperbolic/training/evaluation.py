@@ -316,10 +316,13 @@ class EpochEndEvaluator:
             recall = {}
             if self.evaluator is not None and self.should_evaluate(trainer):
                 recall = self.evaluator(trainer.models["trunk"], trainer.models["embedder"], epoch)
-            lr = next(iter(trainer.optimizers.values())).param_groups[0]["lr"]
+            # One learning-rate column per optimiser, named like --lr / --head-lr's targets
+            # ("lr_trunk", "lr_embedder", "lr_metric_loss"), so the log matches config.json.
+            lrs = {f"lr_{name[:-len('_optimizer')] if name.endswith('_optimizer') else name}": opt.param_groups[0]["lr"]
+                   for name, opt in trainer.optimizers.items()}
             # Fixed columns (the CSV header is written once): Recall@K is empty on epochs without evaluation.
             row = {"epoch": epoch, "step": trainer.global_step,
-                   "loss": getattr(trainer, "last_epoch_loss", float("nan")), "lr": lr,
+                   "loss": getattr(trainer, "last_epoch_loss", float("nan")), **lrs,
                    "curvature": float(self.curvature_fn()) if self.curvature_fn else float("nan"),
                    **{f"recall_at_{k}": recall.get(f"recall_at_{k}", "") for k in self.k_values},
                    "epoch_seconds": round(time.time() - self.epoch_start, 2)}
