@@ -24,6 +24,7 @@ class HCL(RecipeCommandLine):
     name = "hcl"
     description = __doc__
     hyperbolic = False           # features evaluated in Euclidean space; the ball is a loss geometry
+    evaluate_head = False        # MoCo / HCL score the backbone's representation; the MLP serves the losses
     real_dataset = "glyphs"
     trainer_class = ImportedOnUse("pml_hyperbolic.training.hcl_trainer", "HCLTrainer")
     glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1, "lr": 3e-4,

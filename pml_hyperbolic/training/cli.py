@@ -194,6 +194,9 @@ class RecipeCommandLine:
     label_hierarchy_level = 0
     # Settings for the bundled-glyph path on CPU (a small pretrained CNN at small size; the
     # paper's ViT-S/16 at 224 px would take hours on 2 cores).
+    # Score the head's output (True) or the trunk's features (False: the head is a projection that
+    # only serves the loss, as MoCo's and HCL's MLP).
+    evaluate_head = True
     glyph_preset: Dict = {
         "backbone": "efficientnet_lite0", "pretrained": True, "image_size": 48, "resize_size": 48,
         "batch_size": 120, "samples_per_class": 4, "lr": 3e-4, "head_lr": 3e-3, "epochs": 3,

@@ -230,13 +230,18 @@ def format_recall(recall: Dict[str, float], k_values: Sequence[int]) -> str:
 
 
 class Evaluator:
-    """Runs the tester on the eval datasets and keeps the last embeddings for plots."""
+    """Runs the tester on the eval datasets and keeps the last embeddings for plots.
 
-    def __init__(self, tester, eval_sets: Dict, splits_to_eval, k_values: Sequence[int]):
+    ``evaluate_head=False`` scores the trunk's features instead of the head's output: methods whose
+    head is a projection for the loss only (MoCo / HCL's MLP) are evaluated on the representation.
+    """
+
+    def __init__(self, tester, eval_sets: Dict, splits_to_eval, k_values: Sequence[int], evaluate_head: bool = True):
         self.tester = tester
         self.eval_sets = eval_sets
         self.splits_to_eval = splits_to_eval
         self.k_values = list(k_values)
+        self.evaluate_head = bool(evaluate_head)
         self.last_embeddings = None
 
     def __call__(self, trunk, embedder, epoch: int) -> Dict[str, float]:
@@ -251,7 +256,8 @@ class Evaluator:
     def _evaluate(self, trunk, embedder, epoch: int) -> Dict[str, float]:
         trunk, embedder = unwrap(trunk), unwrap(embedder)
         modes = (trunk.training, embedder.training)
-        accuracies = self.tester.test(self.eval_sets, epoch, trunk, embedder,
+        scored = embedder if self.evaluate_head else torch.nn.Identity()
+        accuracies = self.tester.test(self.eval_sets, epoch, trunk, scored,
                                       splits_to_eval=[(q, list(r)) for q, r in self.splits_to_eval],
                                       collate_fn=collate_skipping_unreadable)
         query_split = self.splits_to_eval[0][0]

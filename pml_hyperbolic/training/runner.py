@@ -471,7 +471,8 @@ class Recipe(RecipeCommandLine):
         sampler = self.build_sampler(labels, per_rank_batch)
 
         tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers)
-        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values).install()
+        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values,
+                              evaluate_head=self.evaluate_head).install()
         self.evaluator = evaluator  # its last_embeddings: the plots, and benches that score them further
         hook = EpochEndEvaluator(
             evaluator, checkpoints, run_logger, self.ctx, a.k_values,
