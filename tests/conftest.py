@@ -1,4 +1,6 @@
-"""Suite-wide guard: nothing may reach the network at run time (datasets and weights are local).
+"""Suite-wide guards: nothing may reach the network at run time (datasets and weights are local), and
+nothing depends on or writes into the user's working folder (a recipe's default run folder
+``runs/<recipe>-<dataset>/`` would otherwise meet the folder of the user's own main-job run).
 
 Every test runs with outbound connections refused: a connect to anything but the loopback interface
 (the distributed tests' gloo rendezvous) raises at once, and the attempt is recorded so that a test
@@ -52,3 +54,9 @@ def no_outbound_network(monkeypatch, request):
     tried = _attempts[before:]
     if tried and request.node.get_closest_marker("network_attempt_expected") is None:
         pytest.fail(f"the test tried to reach the network: {tried[:3]}")
+
+
+@pytest.fixture(autouse=True)
+def run_in_a_fresh_folder(tmp_path, monkeypatch):
+    """Every test (and the recipe processes it starts) runs in its own empty working folder."""
+    monkeypatch.chdir(tmp_path)

@@ -50,9 +50,10 @@ def test_batch_not_divisible(capsys, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_requested_but_absent_cli():
+def test_cuda_requested_but_absent_cli(tmp_path):
     """The real command line: exit status 2 and a one-line fix, no traceback."""
-    proc = subprocess.run([sys.executable, os.path.join(RECIPES, "hyp_uml_cars.py"), "--device", "cuda"],
+    proc = subprocess.run([sys.executable, os.path.join(RECIPES, "hyp_uml_cars.py"), "--device", "cuda",
+                           "--output-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert "CUDA is not available" in proc.stderr and "--device cpu" in proc.stderr
