@@ -169,7 +169,7 @@ def ineffective_flag_warnings(args: argparse.Namespace) -> List[str]:
     out = []
     if "lr" in explicit and args.freeze_trunk and args.head_lr is not None:
         out.append(f"--lr {args.lr:g} has no effect: the trunk is frozen (--freeze-trunk true), so only the head "
-                   f"trains, with --head-lr {args.head_lr:g} (the lr column of log.csv is the head's). Set "
+                   f"trains, with --head-lr {args.head_lr:g} (log.csv's lr_embedder column). Set "
                    "--head-lr instead, or --freeze-trunk false to fine-tune the backbone.")
     if "backbone_checkpoint" in explicit and args.backbone_checkpoint and "pretrained" in explicit and args.pretrained:
         out.append("--pretrained true has no effect with --backbone-checkpoint: the weights come from the file.")
