@@ -58,12 +58,6 @@ class HCL(RecipeCommandLine):
     @classmethod
     def preflight(cls, args):
         super().preflight(args)
-        if args.freeze_trunk:
-            from pml_hyperbolic.training.cli import warn
-
-            warn("HCL is scored on the trunk's representation and --freeze-trunk true keeps it fixed: Recall@K "
-                 "after training equals Recall@K before (only the loss's projection head trains). "
-                 "Use --freeze-trunk false to train the representation.")
         if args.max_objects < 2:
             raise ConfigError(f"--max-objects must be >= 2 (a scene holds 2..max-objects objects), got {args.max_objects}")
         side = args.canvas_size // BUNDLED_GLYPH_SIDE
@@ -80,6 +74,12 @@ class HCL(RecipeCommandLine):
                 if not test(path):
                     raise ConfigError(f"{flag} {path} does not exist. Give a COCO-style annotation file and the "
                                       "folder of its images, or drop --annotations to use the bundled glyph scenes.")
+        if args.freeze_trunk:  # after the errors: a run that fails says only why
+            from pml_hyperbolic.training.cli import warn
+
+            warn("HCL is scored on the trunk's representation and --freeze-trunk true keeps it fixed: Recall@K "
+                 "after training equals Recall@K before (only the loss's projection head trains). "
+                 "Use --freeze-trunk false to train the representation.")
 
     def setup_data(self):
         from pml_hyperbolic.data import GlyphDataset, build_transforms
