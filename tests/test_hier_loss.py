@@ -94,6 +94,20 @@ def ref_hier(E, y, V, c, clip_r, delta, positives, nn_k, proxy_term, proxy_k):
 
 # ---- tests ------------------------------------------------------------------------------------
 
+
+def _check_against_reference_triplet_loss(out, got, E, loss, di, dj, dk, w1, w2, margin=0.1):
+    """HIER's per-triplet value and gradients against the step-by-step formula: with the LCA weights w1
+    (of i, j) and w2 (of i, j, k), relu(d_i·w1 − d_i·w2 + m) + relu(d_j·w1 − d_j·w2 + m) + relu(d_k·w2 − d_k·w1 + m)."""
+    def dd(x, w):
+        return (x * w).sum(1)
+
+    want_val = (torch.relu(dd(di, w1) - dd(di, w2) + margin) + torch.relu(dd(dj, w1) - dd(dj, w2) + margin)
+                + torch.relu(dd(dk, w2) - dd(dk, w1) + margin))
+    assert torch.allclose(want_val, out["losses"].detach(), atol=1e-12)
+    want = torch.autograd.grad(want_val.mean(), [E, loss.proxies])
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-10)
+
 def test_smoke_default():
     torch.manual_seed(0)
     loss = HIERLoss(embedding_size=16)
@@ -204,13 +218,7 @@ def test_straight_through_gradient_matches_naive_formula():
         return torch.nn.functional.one_hot(m.argmin(1), p).to(s.dtype) + s - s.detach()
 
     w1, w2 = st(m_ij), st(m_ijk)
-    dd = lambda x, w: (x * w).sum(1)  # noqa: E731
-    want_val = (torch.relu(dd(di, w1) - dd(di, w2) + 0.1) + torch.relu(dd(dj, w1) - dd(dj, w2) + 0.1)
-                + torch.relu(dd(dk, w2) - dd(dk, w1) + 0.1))
-    assert torch.allclose(want_val, out["losses"].detach(), atol=1e-12)
-    want = torch.autograd.grad(want_val.mean(), [E, loss.proxies])
-    for g, w in zip(got, want):
-        assert torch.allclose(g, w, atol=1e-10)
+    _check_against_reference_triplet_loss(out, got, E, loss, di, dj, dk, w1, w2)
     assert loss.proxies.grad is None and got[1].abs().sum() > 0
 
 
@@ -259,13 +267,7 @@ def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
         return torch.nn.functional.one_hot(z.argmax(1), p).to(s.dtype) + s - s.detach()
 
     w1, w2 = st(m_ij, u1), st(m_ijk, u2)
-    dd = lambda x, w: (x * w).sum(1)  # noqa: E731
-    want_val = (torch.relu(dd(di, w1) - dd(di, w2) + 0.1) + torch.relu(dd(dj, w1) - dd(dj, w2) + 0.1)
-                + torch.relu(dd(dk, w2) - dd(dk, w1) + 0.1))
-    assert torch.allclose(want_val, out["losses"].detach(), atol=1e-12)
-    want = torch.autograd.grad(want_val.mean(), [E, loss.proxies])
-    for g, w in zip(got, want):
-        assert torch.allclose(g, w, atol=1e-10)
+    _check_against_reference_triplet_loss(out, got, E, loss, di, dj, dk, w1, w2)
 
 
 def test_blocked_equals_one_block(monkeypatch):
