@@ -434,6 +434,19 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     return d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, False
 
 
+def _sum_of_products(a: Tensor, b: Tensor, rows: int = 128) -> Tensor:
+    r""":math:`\sum_{ij} a_{ij} b_{ij}` in float64, the same whatever the thread count: float32 products
+    summed per row (one thread per row), the row sums added in float64, by blocks of ``rows`` rows.
+
+    Why not ``torch.vdot``: one float32 reduction over N·M terms loses ~1e-4 relative at 4096² and
+    its order depends on the number of threads, which :func:`_kernel_threads` chooses by load; the
+    curvature's gradient would then differ between two runs of the same seed."""
+    total = torch.zeros((), dtype=torch.float64, device=a.device)
+    for start in range(0, a.shape[0], rows):
+        total += (a[start:start + rows] * b[start:start + rows]).sum(1).double().sum()
+    return total
+
+
 def _kernel_threads(x: Tensor):
     """The CPU threads of one kernel call: the cores no other process holds right now. The row-
     blocked tail is a loop of mid-sized parallel ops; on a busy machine each op's barrier would wait
@@ -586,7 +599,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
                     weighted = (x2 * inv_a * both_F.double()).sum()
                 else:
                     weighted = (x2 * inv_a * row_F.double()).sum() + (y2 * inv_b * col_F.double()).sum()
-                total = -torch.vdot(grad.reshape(-1), d.reshape(-1)).double() / (2 * cf) + (
+                total = -_sum_of_products(grad, d) / (2 * cf) + (
                     total_F / cf + weighted) / sqrt_c
                 gc = total.to(c.dtype).reshape(c.shape)
             _give_scratch(E)  # E (S's buffer) is not read past this point

@@ -220,3 +220,22 @@ def test_forward_without_grad_matches_forward_with_grad():
     x = radial_points(50, 16, 0.0, 0.5, 4)
     with_grad = pb.pairwise_dist(x.clone().requires_grad_(), x, C).detach()
     torch.testing.assert_close(pb.pairwise_dist(x, x.clone(), C), with_grad, rtol=0, atol=0)
+
+
+def test_curvature_gradient_does_not_depend_on_the_thread_count(monkeypatch):
+    # The kernel picks its threads by machine load (_kernel_threads); the learnable curvature's
+    # gradient must still be the same in every run of one seed, and accurate against float64.
+    import pml_hyperbolic._pairwise_dist as kernel
+
+    x0 = pb.expmap0(0.3 * torch.randn(700, 32, generator=torch.Generator().manual_seed(3)), 0.1)
+    w = torch.rand(700, 700, generator=torch.Generator().manual_seed(4))
+    grads = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(kernel, "uncontended_threads", lambda threads=threads: threads)
+        for dtype in (torch.float32, torch.float64):
+            x = x0.to(dtype).requires_grad_()
+            c = torch.tensor(0.1, dtype=dtype, requires_grad=True)
+            (pb.pairwise_dist(x, x, c) * w.to(dtype)).sum().backward()
+            grads[threads, dtype] = c.grad.item()
+    assert grads[1, torch.float32] == grads[2, torch.float32]
+    assert grads[1, torch.float32] == pytest.approx(grads[1, torch.float64], rel=1e-5)
