@@ -168,7 +168,7 @@ def test_hcl_composed_scenes(tmp_path, monkeypatch):
     assert trainer.loss_weights == {"metric_loss": 1.0, "hyperbolic_loss": 0.1}
     assert float(trainer.loss_funcs["hyperbolic_loss"].loss.distance.c) == pytest.approx(0.05)
     # evaluated like MoCo / HCL: on the trunk's representation, not on the loss's projection MLP
-    assert recipe.evaluator.evaluate_head is False
+    assert recipe.evaluator.tester.use_trunk_output is True
     q = recipe.evaluator.last_embeddings[0]
     assert q.shape[1] == recipe.feature_dim != recipe.args.embedding_dim
     assert len(raw) == len(weighted) == 2

@@ -23,11 +23,14 @@ from .trainer import (CPU_TRUNK_CHUNK_SIZE, checked_chunk_size, chunked_forward_
 
 def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), batch_size: int = 128,
                  device=None, num_workers: int = 0, cache_frozen_trunk: bool = True,
-                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE) -> GlobalEmbeddingSpaceTester:
+                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE,
+                 use_trunk_output: bool = False) -> GlobalEmbeddingSpaceTester:
     """Tester over the raw head output (``normalize_embeddings=False``: L2-normalising ball points
     would move them onto/outside the boundary) with the exact hyperbolic kNN when ``c`` is given,
     cosine/Euclidean kNN otherwise (helper-D's :class:`RecallAtKAccuracyCalculator`).
-    ``cache_frozen_trunk`` / ``trunk_chunk_size``: see :class:`SkippingEmbeddingSpaceTester`."""
+    ``cache_frozen_trunk`` / ``trunk_chunk_size``: see :class:`SkippingEmbeddingSpaceTester`;
+    ``use_trunk_output`` (PML's): score the trunk's features, not the head's output (methods whose head
+    is a projection that only serves the loss, as MoCo's and HCL's MLP)."""
     from ..evaluation import RecallAtKAccuracyCalculator
 
     # Only Recall@K: PML's default metric set would also run k-means for NMI/AMI on every test.
@@ -36,7 +39,7 @@ def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), bat
     return SkippingEmbeddingSpaceTester(
         normalize_embeddings=False, batch_size=batch_size, dataloader_num_workers=num_workers,
         data_device=device, accuracy_calculator=calculator, end_of_testing_hook=lambda tester: None,
-        cache_frozen_trunk=cache_frozen_trunk, trunk_chunk_size=trunk_chunk_size)
+        use_trunk_output=use_trunk_output, cache_frozen_trunk=cache_frozen_trunk, trunk_chunk_size=trunk_chunk_size)
 
 
 # Transforms whose output depends on the input alone (no random draw); matched by class name so
@@ -230,18 +233,13 @@ def format_recall(recall: Dict[str, float], k_values: Sequence[int]) -> str:
 
 
 class Evaluator:
-    """Runs the tester on the eval datasets and keeps the last embeddings for plots.
+    """Runs the tester on the eval datasets and keeps the last embeddings for plots."""
 
-    ``evaluate_head=False`` scores the trunk's features instead of the head's output: methods whose
-    head is a projection for the loss only (MoCo / HCL's MLP) are evaluated on the representation.
-    """
-
-    def __init__(self, tester, eval_sets: Dict, splits_to_eval, k_values: Sequence[int], evaluate_head: bool = True):
+    def __init__(self, tester, eval_sets: Dict, splits_to_eval, k_values: Sequence[int]):
         self.tester = tester
         self.eval_sets = eval_sets
         self.splits_to_eval = splits_to_eval
         self.k_values = list(k_values)
-        self.evaluate_head = bool(evaluate_head)
         self.last_embeddings = None
 
     def __call__(self, trunk, embedder, epoch: int) -> Dict[str, float]:
@@ -256,8 +254,7 @@ class Evaluator:
     def _evaluate(self, trunk, embedder, epoch: int) -> Dict[str, float]:
         trunk, embedder = unwrap(trunk), unwrap(embedder)
         modes = (trunk.training, embedder.training)
-        scored = embedder if self.evaluate_head else torch.nn.Identity()
-        accuracies = self.tester.test(self.eval_sets, epoch, trunk, scored,
+        accuracies = self.tester.test(self.eval_sets, epoch, trunk, embedder,
                                       splits_to_eval=[(q, list(r)) for q, r in self.splits_to_eval],
                                       collate_fn=collate_skipping_unreadable)
         query_split = self.splits_to_eval[0][0]

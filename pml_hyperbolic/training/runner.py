@@ -470,9 +470,9 @@ class Recipe(RecipeCommandLine):
         labels = dataset_labels(self.train_set)
         sampler = self.build_sampler(labels, per_rank_batch)
 
-        tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers)
-        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values,
-                              evaluate_head=self.evaluate_head).install()
+        tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers,
+                              use_trunk_output=not self.evaluate_head)
+        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values).install()
         self.evaluator = evaluator  # its last_embeddings: the plots, and benches that score them further
         hook = EpochEndEvaluator(
             evaluator, checkpoints, run_logger, self.ctx, a.k_values,
