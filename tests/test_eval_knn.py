@@ -154,6 +154,17 @@ def test_self_query_cache_sees_in_place_edits():
     assert torch.equal(i1, brute_force(x, y, 4, 0.5, False)[1])
 
 
+
+def assert_matches_brute_force(d, i, bd, bi, ranks, k):
+    """Neighbours equal to the float64 brute force: the whole order without ``exact_ranks``, the
+    neighbour sets at every listed rank and at k with it; distances position-wise within 1e-5."""
+    if ranks is None:
+        assert torch.equal(i, bi)
+    else:
+        for K in ranks + (k,):
+            assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
+    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+
 @pytest.mark.parametrize("scale", [0.95, 0.9999])
 def test_exact_ranks_keeps_sets_exact_at_the_listed_ranks(scale):
     # high-dimensional random points: the top-k distances are crowded, many near-ties
@@ -163,10 +174,8 @@ def test_exact_ranks_keeps_sets_exact_at_the_listed_ranks(scale):
     k = 100
     d, i = HyperbolicKNN(c=0.1, exact_ranks=ranks)(x, k, x, True)
     bd, bi = brute_force(x, x, k, 0.1, True)
-    for K in ranks + (k,):
-        assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
+    assert_matches_brute_force(d, i, bd, bi, ranks, k)  # sets at the listed ranks, distances position-wise
     assert torch.equal(i[:, 0], bi[:, 0])  # rank 1 listed: the nearest neighbour itself is exact
-    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)  # position-wise distances
     assert (d[:, 1:] >= d[:, :-1]).all()
 
 
@@ -257,12 +266,7 @@ def test_property_equals_brute_force(n, dim, c, scale, dup, kfrac, batch, use_ra
     ranks = tuple(sorted({1, max(1, k // 3), max(1, k // 2)})) if use_ranks else None
     d, i = HyperbolicKNN(c=c, exact_ranks=ranks, batch_size=batch)(x, k, x, True)
     bd, bi = brute_force(x, x, k, c, True)
-    if ranks is None:
-        assert torch.equal(i, bi)
-    else:
-        for K in ranks + (k,):
-            assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
-    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+    assert_matches_brute_force(d, i, bd, bi, ranks, k)
     assert (d[:, 1:] >= d[:, :-1]).all()
 
 
@@ -345,12 +349,7 @@ def test_property_near_boundary_float64_equals_poincare_distance(n, dim, c, lo, 
     ranks = tuple(sorted({1, max(1, k // 2)})) if use_ranks else None
     d, i = HyperbolicKNN(c=c, exact_ranks=ranks)(x, k, x, False)
     bd, bi = _poincare_distance_brute_force(x, x, k, c)
-    if ranks is None:
-        assert torch.equal(i, bi)
-    else:
-        for K in ranks + (k,):
-            assert torch.equal(i[:, :K].sort(dim=1).values, bi[:, :K].sort(dim=1).values), K
-    torch.testing.assert_close(d.double(), bd, rtol=1e-5, atol=1e-6)
+    assert_matches_brute_force(d, i, bd, bi, ranks, k)
     assert d.dtype == torch.float64
 
 
