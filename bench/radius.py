@@ -218,11 +218,15 @@ def embed(head, feats, batch=1024):
         return torch.cat([head(feats[s:s + batch]) for s in range(0, len(feats), batch)]).float()
 
 
-def run_cell(cfg, data, head_name, loss_name, seed, steps):
+def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=None):
+    """Train one (head, loss) cell and measure it. ``builder(feature_dim)`` replaces :func:`build`
+    and ``train`` the training split (``bench/radius_probes.py``'s variants)."""
     torch.manual_seed(seed)
-    head, loss, geometry, max_d0 = build(head_name, loss_name, data["bank"].feature_dim)
+    built = builder(data["bank"].feature_dim) if builder else build(head_name, loss_name, data["bank"].feature_dim)
+    head, loss, geometry, max_d0 = built
     c = None if geometry is None else float(geometry.curvature())
-    qc.train_with_labels(cfg, data["train"], torch.nn.Identity(), head, loss, seed=seed, steps=steps)
+    qc.train_with_labels(cfg, data["train"] if train is None else train, torch.nn.Identity(), head, loss,
+                         seed=seed, steps=steps)
     res = {}
     vq, vg = data["val_q"], data["val_g"]
     val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0,
