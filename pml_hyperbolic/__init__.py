@@ -22,6 +22,8 @@ _EXPORTS = {
     "HierarchicalLogRatioLoss": ".losses",
     "HierarchicalMarginLoss": ".losses",
     "HIERLoss": ".losses",
+    "RadialCalibrationLoss": ".losses",
+    "DegradedCopyRadiusLoss": ".losses",
     "HyperbolicCrossBatchMemory": ".losses",
     "HypMixLoss": ".losses",
     "PairwiseCrossEntropyLoss": ".losses",

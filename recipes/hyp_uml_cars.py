@@ -37,6 +37,9 @@ class HypUML(RecipeCommandLine):
         g.add_argument("--min-temperature", type=float, default=0.05, help="Contrastive: lower bound τ_min.")
         g.add_argument("--margin-scale", type=float, default=None,
                        help="Triplet: margin = log(U/max U + 1)·margin_scale (default exp(c), the paper's).")
+        # The radius terms that make the uncertainty predict failures and degraded inputs (bench/radius.py,
+        # chosen on validation characters): on by default here, off in the other recipes.
+        parser.set_defaults(radial_calibration=1.0, degraded_copies=0.25)
 
     @classmethod
     def presets(cls, args):

@@ -113,6 +113,25 @@ def optional_positive_float(value):
     return positive_float(value)
 
 
+def nonnegative_float(value):
+    """A loss weight or margin: a finite number >= 0."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    if not (number >= 0 and number < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value!r}")
+    return number
+
+
+def unit_fraction(value):
+    """A fraction in [0, 1]."""
+    number = nonnegative_float(value)
+    if number > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {value!r}")
+    return number
+
+
 def optional_float(value):
     if value is None or str(value).strip().lower() in {"none", "off", "null"}:
         return None
@@ -171,6 +190,15 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                             "radial confidence: the Hyp-UML uncertainty then varies per sample), 'norm' = the "
                             "papers' exact head (Linear + clip; with pretrained features every point sits at "
                             "the clip radius). See bench/radius.py.")
+        g.add_argument("--radial-calibration", type=nonnegative_float, default=0.0, metavar="W",
+                       help="Weight of RadialCalibrationLoss beside the metric loss: the radius is trained to predict "
+                            "whether a same-class neighbour comes first (0 = off). Needs --head-radius learned.")
+        g.add_argument("--degraded-copies", type=unit_fraction, default=0.0, metavar="F",
+                       help="Fraction of each batch that also gets a randomly blurred / noisy / occluded copy, "
+                            "trained to sit nearer the origin than its source (DegradedCopyRadiusLoss; 0 = off). "
+                            "The trunk sees (1 + F) x the batch. Needs --head-radius learned.")
+        g.add_argument("--degraded-copy-margin", type=nonnegative_float, default=0.2, metavar="M",
+                       help="Gap in distance to the origin asked between an image and its degraded copy.")
     g.add_argument("--freeze-trunk", type=str2bool, default=False,
                    help="Train only the head: the backbone is frozen (eval mode, no gradients). The bundled-data "
                         "CPU quick path does this; the papers fine-tune everything.")

@@ -23,6 +23,7 @@ from .cli import RecipeCommandLine, clear_previous_run, previous_run_files
 from .config import ConfigError, check_batch_settings  # noqa: F401 - check_batch_settings: public here too
 from .distributed import barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
 from .evaluation import EpochEndEvaluator, Evaluator, build_tester, eval_protocol, format_recall
+from .radius_terms import add_radius_terms
 from .run_logger import RunLogger
 from .trainer import HyperbolicTrainer, resolve_amp
 
@@ -465,6 +466,9 @@ class Recipe(RecipeCommandLine):
         loss = self.build_loss()
         miner = self.build_miner()
         loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
+        # --radial-calibration / --degraded-copies (training/radius_terms.py): terms beside any metric loss
+        loss_funcs, radius_trainer, radius_trainer_kwargs = add_radius_terms(
+            a, self.geometry if self.hyperbolic else None, loss_funcs)
         optimizers = self.build_optimizers(self.trunk, self.head, loss_funcs)
         loss_funcs = {k: (v.to(self.device) if isinstance(v, torch.nn.Module) else v) for k, v in loss_funcs.items()}
         labels = dataset_labels(self.train_set)
@@ -482,7 +486,13 @@ class Recipe(RecipeCommandLine):
         mining_funcs = {"tuple_miner": wrap_miner(miner, self.ctx)} if miner is not None else {}
         if "trunk_optimizer" not in optimizers:
             _silence_pml_missing_key("trunk_optimizer")  # a frozen trunk has nothing to optimise
-        trainer = self.trainer_class(
+        trainer_class = self.trainer_class
+        if radius_trainer is not None:
+            if not issubclass(radius_trainer, trainer_class):
+                raise ConfigError(f"--degraded-copies needs {radius_trainer.__name__}, but this recipe trains with "
+                                  f"{trainer_class.__name__}")
+            trainer_class = radius_trainer
+        trainer = trainer_class(
             models={"trunk": wrap_model(self.trunk, self.ctx, self.device),
                     "embedder": wrap_model(self.head, self.ctx, self.device)},
             optimizers=optimizers, batch_size=per_rank_batch,
@@ -493,7 +503,7 @@ class Recipe(RecipeCommandLine):
             label_hierarchy_level=self.label_hierarchy_level, end_of_epoch_hook=hook,
             freeze_these=("trunk",) if a.freeze_trunk else (),  # PML keeps a frozen model in eval mode
             amp_dtype=amp_dtype, use_grad_scaler=use_scaler, grad_clip_norm=a.grad_clip, max_steps=a.max_steps,
-            show_progress=self.ctx.is_main and not a.quiet, **self.trainer_kwargs())
+            show_progress=self.ctx.is_main and not a.quiet, **self.trainer_kwargs(), **radius_trainer_kwargs)
         self.trainer = trainer
         self._timed("model", started)
 
