@@ -27,11 +27,15 @@ Radial cases (``--radial``, issue 16): the kernel's cost and error depend on whe
 head-like points, hyperbolic radii d₀ uniform in [1, 2.5], [0, 2.5] and [0, 0.5] (four seeds), all
 points at the origin, d₀ in [15, 30] and points at ``project``'s edge: fwd+bwd as a ratio to
 ``CosineSimilarity`` fwd+bwd, fwd as a ratio to a GEMM ``x @ x.T`` of the same shape (1-thread CPU
-time, interleaved), the max error against a float64 reference, and the load average.
+time, interleaved), the max error against a float64 reference, and the load average. The "tail"
+column says which elementwise tail ran: the fused native loop (``pml_hyperbolic/_native.py``) or
+the torch ops.
 
 Usage:  python bench/distance.py            (N=M=900 and N=M=4096, D=128, ~2-3 min)
         python bench/distance.py --quick    (N=M=900 only)
         python bench/distance.py --radial [--quick] [--log1p]   (~2 min; --quick: N = 900 only)
+        python bench/distance.py --radial --native-vs-torch   (the kernel's fused native tail and its
+                                    torch fallback side by side; --no-native: the torch tail only)
         python bench/distance.py --log1p    (adds aten log1p_ vs the kernel's log-based form)
 """
 from __future__ import annotations
@@ -239,10 +243,21 @@ def cpu_time(fn, x0: torch.Tensor, backward: bool) -> float:
     return time.process_time() - start
 
 
-def bench_radial(sizes, dim: int, repeats: int) -> list:
+def _set_tail_path(path: str) -> None:
+    """Select the kernel tail's path for the following calls: "native" (the fused C loop, if it
+    builds here) or "torch" (the torch ops, as with PML_HYPERBOLIC_NATIVE=0)."""
+    os.environ["PML_HYPERBOLIC_NATIVE"] = "0" if path == "torch" else "1"
+
+
+def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
     """Per radial case: pairwise_dist fwd+bwd / CosineSimilarity fwd+bwd, pairwise_dist fwd / GEMM
-    (x @ x.T), 1-thread CPU time, medians of interleaved repeats; max error against float64."""
+    (x @ x.T), 1-thread CPU time, medians of interleaved repeats; max error against float64.
+    With several ``paths`` (native, torch) each repeat measures the kernel once per path, so the
+    paths' ratios come from the same run and the same background load."""
+    from pml_hyperbolic import _native
+
     previous = torch.get_num_threads()
+    previous_env = os.environ.get("PML_HYPERBOLIC_NATIVE")
     torch.set_num_threads(1)
     cosine = CosineSimilarity()
     kernel = lambda t: pb.pairwise_dist(t, t, C)
@@ -250,42 +265,66 @@ def bench_radial(sizes, dim: int, repeats: int) -> list:
     gemm = lambda t: t @ t.T
     rows = []
     try:
+        # which path "native" really is here (it falls back to torch when it cannot build)
+        _set_tail_path("native")
+        native_status = _native.status()
+        labels = {"native": "native" if native_status == "native" else "torch (fallback)", "torch": "torch"}
+        where = f" [{_native._state.get('path')}]" if native_status == "native" else ""
+        print(f"kernel tail measured: {', '.join(labels[p] for p in paths)}; native tail here: {native_status}{where}")
         warm = ball_points(256, dim, 0)
         for _ in range(5):  # lazy initialisations and allocator warm-up, before the first case
-            for fn in (kernel, cos, gemm):
-                cpu_time(fn, warm, fn is not gemm)
+            for path in paths:
+                _set_tail_path(path)
+                for fn in (kernel, cos, gemm):
+                    cpu_time(fn, warm, fn is not gemm)
         for n in sizes:
             reps = repeats if n <= 1024 else max(3, repeats // 4)
             print(f"\nRadial distributions, N = M = {n}, D = {dim}, c = {C}, float32, 1 thread, CPU time "
                   f"(time.process_time), medians of {reps} interleaved repeats; radius = hyperbolic d₀")
-            print("| case | fwd+bwd / Cosine fwd+bwd | fwd / GEMM | fwd+bwd ms | Cosine ms | max rel err (D ≥ 0.01) "
+            print("| case | tail | fwd+bwd / Cosine fwd+bwd | fwd / GEMM | fwd+bwd ms | Cosine ms | max rel err (D ≥ 0.01) "
                   "| max abs err (D < 0.01) | load avg |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|")
             for name, x in radial_cases(n, dim).items():
-                for fn in (kernel, cos):  # warm-up
-                    cpu_time(fn, x, True)
-                t = {"fb": [], "cos": [], "fwd": [], "gemm": []}
+                for path in paths:  # warm-up
+                    _set_tail_path(path)
+                    for fn in (kernel, cos):
+                        cpu_time(fn, x, True)
+                t = {k: [] for k in ("cos", "gemm")}
+                t.update({(path, k): [] for path in paths for k in ("fb", "fwd")})
                 for _ in range(reps):
-                    t["fb"].append(cpu_time(kernel, x, True))
+                    for path in paths:
+                        _set_tail_path(path)
+                        t[path, "fb"].append(cpu_time(kernel, x, True))
                     t["cos"].append(cpu_time(cos, x, True))
-                    t["fwd"].append(cpu_time(kernel, x, False))
+                    for path in paths:
+                        _set_tail_path(path)
+                        t[path, "fwd"].append(cpu_time(kernel, x, False))
                     t["gemm"].append(cpu_time(gemm, x, False))
                 m = {k: statistics.median(v) for k, v in t.items()}
-                with torch.no_grad():
-                    d = kernel(x).double()
                 ref = reference_dist(x)
                 big = ref >= 1e-2
-                rel = float(((d - ref).abs()[big] / ref[big]).max()) if big.any() else 0.0
-                small = float((d - ref).abs()[~big].max()) if (~big).any() else 0.0
                 load = os.getloadavg()[0]
-                rows.append((n, name, m["fb"] / m["cos"], m["fwd"] / m["gemm"], rel, small, load))
-                print(f"| {name} | {m['fb'] / m['cos']:.2f} | {m['fwd'] / m['gemm']:.2f} | {m['fb'] * 1e3:.1f} | "
-                      f"{m['cos'] * 1e3:.1f} | {rel:.1e} | {small:.1e} | {load:.2f} |", flush=True)
+                for path in paths:
+                    _set_tail_path(path)
+                    with torch.no_grad():
+                        d = kernel(x).double()
+                    rel = float(((d - ref).abs()[big] / ref[big]).max()) if big.any() else 0.0
+                    small = float((d - ref).abs()[~big].max()) if (~big).any() else 0.0
+                    fb, fwd = m[path, "fb"] / m["cos"], m[path, "fwd"] / m["gemm"]
+                    rows.append((n, name, labels[path], fb, fwd, rel, small, load))
+                    print(f"| {name} | {labels[path]} | {fb:.2f} | {fwd:.2f} | {m[path, 'fb'] * 1e3:.1f} | "
+                          f"{m['cos'] * 1e3:.1f} | {rel:.1e} | {small:.1e} | {load:.2f} |", flush=True)
     finally:
         torch.set_num_threads(previous)
-    worst = max(rows, key=lambda r: r[2])
-    print(f"\nworst fwd+bwd / Cosine: {worst[2]:.2f} (N = {worst[0]}, {worst[1]}; target ≤ 1.1); "
-          f"worst fwd / GEMM: {max(r[3] for r in rows):.2f} (target ≤ 1.6)")
+        if previous_env is None:
+            os.environ.pop("PML_HYPERBOLIC_NATIVE", None)
+        else:
+            os.environ["PML_HYPERBOLIC_NATIVE"] = previous_env
+    for label in dict.fromkeys(r[2] for r in rows):
+        mine = [r for r in rows if r[2] == label]
+        worst = max(mine, key=lambda r: r[3])
+        print(f"\n[{label}] worst fwd+bwd / Cosine: {worst[3]:.2f} (N = {worst[0]}, {worst[1]}; target ≤ 1.1); "
+              f"worst fwd / GEMM: {max(r[4] for r in mine):.2f} (target ≤ 1.6)")
     return rows
 
 
@@ -363,6 +402,10 @@ def main(argv=None) -> int:
     parser.add_argument("--radial", action="store_true",
                         help="instead of the method tables: pairwise_dist vs CosineSimilarity and a GEMM on radial "
                              "distributions (head-like, d0 ranges, all at the origin, near the boundary), 1 thread")
+    parser.add_argument("--no-native", action="store_true",
+                        help="--radial: the kernel's torch tail only (as PML_HYPERBOLIC_NATIVE=0)")
+    parser.add_argument("--native-vs-torch", action="store_true",
+                        help="--radial: measure the native and the torch tail side by side in one run")
     parser.add_argument("--log1p-state", choices=("fresh", "after-pow"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-case", nargs=3, metavar=("NAME", "N", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -377,7 +420,9 @@ def main(argv=None) -> int:
         return 0
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, c = {C}, load average {os.getloadavg()[0]:.2f}")
     if args.radial:
-        bench_radial((900,) if args.quick else (900, 4096), 128, args.repeats // 2 if args.repeats > 20 else args.repeats)
+        paths = ("native", "torch") if args.native_vs_torch else ("torch",) if args.no_native else ("native",)
+        bench_radial((900,) if args.quick else (900, 4096), 128,
+                     args.repeats // 2 if args.repeats > 20 else args.repeats, paths)
         if args.log1p:
             compare_log1p_states(max(5, args.repeats // 4))
         return 0
