@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
 
 HEADS = ("paper", "tanh", "polar", "sphere")
-LOSSES = ("pce", "uml", "hier", "supcon", "ms")
+LOSSES = ("pce", "uml", "hier", "supcon", "ms", "pce+cal", "pce+copies", "pce+cal+copies", "uml+cal+copies",
+          "hier+cal+copies")
 
 
 # ------------------------------------------------------------------------------- degraded queries
@@ -158,8 +159,35 @@ def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
 HIER_SETTINGS = {"weight": 3.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1}
 
 
+RADIUS_TERMS = ("cal", "copies")
+
+
+def split_terms(loss_name):
+    """'pce+cal+copies' -> ('pce', {'cal', 'copies'}): the base loss and the radius terms."""
+    base, *terms = loss_name.split("+")
+    unknown = set(terms) - set(RADIUS_TERMS)
+    if unknown:
+        raise ValueError(f"unknown radius term(s) {sorted(unknown)} in {loss_name!r} (known: {RADIUS_TERMS})")
+    return base, set(terms)
+
+
 def build(head_name, loss_name, feature_dim, embedding_dim=128):
-    """(head, loss, c or None, max d₀, extra loss or None) for one cell."""
+    """(head, loss, c or None, max d₀) for one cell. ``loss_name`` may carry radius terms:
+    ``+cal`` adds ``RadialCalibrationLoss`` (weight 1, as ``--radial-calibration 1``), ``+copies`` is
+    handled by :func:`run_cell` (degraded copies, as ``--degraded-copies 0.25``); both need the
+    polar head, as in the recipes."""
+    base, terms = split_terms(loss_name)
+    if terms:
+        if head_name != "polar":
+            raise ValueError("radius terms need the polar head")
+        head, loss, geometry, max_d0 = build(head_name, base, feature_dim, embedding_dim)
+        if "cal" in terms:
+            from pytorch_metric_learning.losses import MultipleLosses
+
+            from pml_hyperbolic.losses import RadialCalibrationLoss
+
+            loss = MultipleLosses([loss, RadialCalibrationLoss(c=geometry)], weights=[1.0, 1.0])
+        return head, loss, geometry, max_d0
     from pytorch_metric_learning.losses import SupConLoss
 
     from pml_hyperbolic.distances import PoincareDistance
@@ -212,6 +240,82 @@ class _Mined(torch.nn.Module):
         return self.loss(emb, labels, self.miner(emb, labels))
 
 
+COPY_FRACTION = 0.25  # the recipes' --degraded-copies default (Hyp-UML)
+
+
+def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, use_cache=True):
+    """Pooled features of every training image, augmented then degraded by the package's
+    ``RandomDegradation`` (the recipes' ``--degraded-copies``, one image at a time): (N, views, 1280)."""
+    from pml_hyperbolic.data import GlyphDataset, build_transforms
+    from pml_hyperbolic.data.degradations import RandomDegradation
+
+    path = qc._cache_path(cfg, "glyphs", f"package-degraded-train-views|{views}|" + ",".join(kinds))
+    if use_cache and os.path.isfile(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    prefix, tail, _ = qc.split_backbone(cfg.backbone)
+    data = GlyphDataset("train")
+    augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
+    degrade_batch = RandomDegradation(kinds=kinds)
+    generator = torch.Generator().manual_seed(77)
+    torch.manual_seed(77)  # torchvision's random transforms draw from the global RNG
+    out = []
+    with torch.no_grad():
+        for _ in range(views):
+            feats = []
+            for start in range(0, len(data), 256):
+                images = torch.stack([augment(data[i][0]) for i in range(start, min(len(data), start + 256))])
+                feats.append(tail(prefix(degrade_batch(images, generator))))
+            out.append(torch.cat(feats))
+    out = torch.stack(out, 1)
+    if use_cache:
+        os.makedirs(cfg.cache_dir, exist_ok=True)
+        torch.save(out, path)
+    return out
+
+
+def aligned_views(data, views):
+    """``views`` (of the whole training set) restricted to the rows of the training split, in its order
+    (carve_validation keeps a subset of the training rows: found by their clean view)."""
+    train, full = data["train"], data["bank"].train
+    index = {tuple(full.acts[i, 0, :8].tolist()): i for i in range(len(full.acts))}
+    rows = torch.tensor([index[tuple(train.acts[j, 0, :8].tolist())] for j in range(len(train.acts))])
+    return views[rows]
+
+
+def train_with_copies(cfg, train, degraded, head, loss_fn, copy_loss, seed=0, steps=None,
+                      copy_fraction=COPY_FRACTION):
+    """``qc.train_with_labels`` (head only) with ``DegradedCopyTrainer``'s step: ⌈f·B⌉ rows of each batch
+    also embed one of their degraded views; the metric loss sees the clean rows, ``copy_loss`` the pairs."""
+    import math
+
+    from pml_hyperbolic.data import ClassBalancedBatchSampler
+
+    steps = cfg.steps if steps is None else steps
+    opt = qc.make_optimizer(cfg, torch.nn.Identity(), head, loss_fn)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    sampler = ClassBalancedBatchSampler(train.labels, cfg.batch_size, cfg.samples_per_class, num_batches=steps,
+                                        seed=seed * 7919)
+    head.train()
+    for idx in sampler:
+        idx = torch.as_tensor(idx)
+        batch = len(idx)
+        view = torch.randint(train.acts.shape[1], (batch,), generator=gen)
+        rows = torch.randperm(batch, generator=gen)[:max(1, math.ceil(copy_fraction * batch))]
+        dview = torch.randint(degraded.shape[1], (len(rows),), generator=gen)
+        emb = head(torch.cat([train.acts[idx, view], degraded[idx[rows], dview]]))
+        clean, copies = emb[:batch], emb[batch:]
+        loss = loss_fn(clean, train.labels[idx]) + copy_loss(clean[rows], ref_emb=copies)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        if not torch.isfinite(loss):
+            raise FloatingPointError("non-finite loss")
+    return head
+
+
 def embed(head, feats, batch=1024):
     head.eval()
     with torch.no_grad():
@@ -225,8 +329,14 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=N
     built = builder(data["bank"].feature_dim) if builder else build(head_name, loss_name, data["bank"].feature_dim)
     head, loss, geometry, max_d0 = built
     c = None if geometry is None else float(geometry.curvature())
-    qc.train_with_labels(cfg, data["train"] if train is None else train, torch.nn.Identity(), head, loss,
-                         seed=seed, steps=steps)
+    if "copies" in split_terms(loss_name)[1]:
+        from pml_hyperbolic.losses import DegradedCopyRadiusLoss
+
+        train_with_copies(cfg, data["train"] if train is None else train, data["train_degraded"], head, loss,
+                          DegradedCopyRadiusLoss(c=geometry, margin=0.2), seed=seed, steps=steps)
+    else:
+        qc.train_with_labels(cfg, data["train"] if train is None else train, torch.nn.Identity(), head, loss,
+                             seed=seed, steps=steps)
     res = {}
     vq, vg = data["val_q"], data["val_g"]
     val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0,
@@ -245,12 +355,13 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=N
                                         keys=("mean_average_precision_at_r",))["mean_average_precision_at_r"]
     if c is not None:
         res["auroc_degraded"] = _degraded_auroc(head, test["d0"], data["degraded"], c)
-    if loss_name == "uml":
+    if split_terms(loss_name)[0] == "uml":
         from pml_hyperbolic.uncertainty import hyperbolic_uncertainty, uncertainty_ratio_log
 
         with torch.no_grad():
             u = hyperbolic_uncertainty(q, c=geometry, clip_r=2.3)
-            tau = (loss.scale * uncertainty_ratio_log(u)).clamp_min(loss.min_temperature)
+            uml = loss.losses[0] if hasattr(loss, "losses") else loss
+            tau = (uml.scale * uncertainty_ratio_log(u)).clamp_min(uml.min_temperature)
         res["tau_spread"] = f"{float(tau.min()):.3f}-{float(tau.max()):.3f}"
     return res
 
@@ -299,6 +410,47 @@ COLUMNS = [("val R@1", "val_r1", True), ("val parent R@1", "val_parent_r1", True
            ("d₀ min / med / max", None, False), ("at clip", "at_clip", True)]
 
 
+TEST_KINDS = {"blur": "blur", "noise": "noise", "occlusion": "occlude"}  # RandomDegradation kind -> test copy
+
+
+def leave_one_out(cfg, data, seeds, steps, use_cache=True):
+    """Does the radius learn "degraded" or only the corruptions it saw? Polar head, pce + cal + copies,
+    the copies drawn from two of the three kinds; AUROC degraded (test) per test degradation."""
+    from pml_hyperbolic import poincare_ball as pb
+
+    kinds = tuple(TEST_KINDS)
+    trainings = [("none (pce + cal, no copies)", None)] + [("all three", kinds)] + [
+        (f"{', '.join(k for k in kinds if k != held)} (held out: {held})", tuple(k for k in kinds if k != held))
+        for held in kinds]
+    print("| degraded copies in training | " + " | ".join(f"AUROC degraded: {k}" for k in kinds) + " | R@1 |")
+    print("|---|" + "---|" * (len(kinds) + 1))
+    for name, train_kinds in trainings:
+        per_kind, r1 = {k: [] for k in kinds}, []
+        loss_name = "pce+cal" if train_kinds is None else "pce+cal+copies"
+        if train_kinds is not None:
+            data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, train_kinds, use_cache=use_cache))
+        for seed in seeds:
+            torch.manual_seed(seed)
+            head, loss, geometry, max_d0 = build("polar", loss_name, data["bank"].feature_dim)
+            if train_kinds is None:
+                qc.train_with_labels(cfg, data["train"], torch.nn.Identity(), head, loss, seed=seed, steps=steps)
+            else:
+                from pml_hyperbolic.losses import DegradedCopyRadiusLoss
+
+                train_with_copies(cfg, data["train"], data["train_degraded"], head, loss,
+                                  DegradedCopyRadiusLoss(c=geometry, margin=0.2), seed=seed, steps=steps)
+            c = float(geometry.curvature())
+            q = embed(head, data["bank"].query.acts)
+            clean = pb.dist0(q.double(), c).numpy()
+            for kind in kinds:
+                d = pb.dist0(embed(head, data["degraded"][TEST_KINDS[kind]]).double(), c).numpy()
+                per_kind[kind].append(auroc(np.r_[np.zeros(len(clean), bool), np.ones(len(d), bool)], -np.r_[clean, d]))
+            g = embed(head, data["bank"].gallery.acts)
+            top = pair_distances(q, g, c).argmin(1)
+            r1.append(float((data["bank"].gallery.labels[top] == data["bank"].query.labels).float().mean()))
+        print(f"| {name} | " + " | ".join(fmt(per_kind[k]) for k in kinds) + f" | {fmt(r1, pct=True)} |", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,6 +462,9 @@ def main(argv=None):
     p.add_argument("--hier", default="", help="HIER settings, e.g. 'weight=3,num_proxies=512' (default: "
                    + ", ".join(f"{k}={v}" for k, v in HIER_SETTINGS.items()) + ")")
     p.add_argument("--no-cache", action="store_true")
+    p.add_argument("--leave-one-out", action="store_true",
+                   help="Only the generalisation check of --degraded-copies: train polar pce+cal+copies with the "
+                        "degraded copies of two kinds, report the AUROC degraded of each test kind")
     a = p.parse_args(argv)
     qc.set_threads(a.threads)
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -322,7 +477,13 @@ def main(argv=None):
     t0 = time.perf_counter()
     data = load_data(cfg, use_cache=not a.no_cache)
     print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {data['bank'].note}; validation: 32 training characters")
+    if a.leave_one_out:
+        leave_one_out(cfg, data, seeds, a.steps, use_cache=not a.no_cache)
+        print(f"# {time.perf_counter() - t0:.0f} s wall")
+        return
     heads, losses = a.heads.split(","), a.losses.split(",")
+    if any("copies" in split_terms(name)[1] for name in losses):
+        data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, use_cache=not a.no_cache))
     header = "| head | loss | " + " | ".join(name for name, _, _ in COLUMNS) + " | adaptive τ (test) |"
     print(header + "\n|" + "---|" * (header.count("|") - 1))
     for head_name in heads:

@@ -52,6 +52,8 @@ __all__ = [
     "HierarchicalLogRatioLoss",
     "HierarchicalMarginLoss",
     "HyperbolicCrossBatchMemory",
+    "RadialCalibrationLoss",
+    "DegradedCopyRadiusLoss",
     "HardNegativeProbabilityMiner",
     "MixedGeometryMiner",
     "HierarchicalPseudoLabeler",

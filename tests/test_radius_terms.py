@@ -10,20 +10,23 @@ from pytorch_metric_learning.miners import BatchEasyHardMiner
 from pml_hyperbolic.data.degradations import RandomDegradation, gaussian_blur, gaussian_kernel1d
 from pml_hyperbolic.geometry import PoincareGeometry
 from pml_hyperbolic.losses import DegradedCopyRadiusLoss, RadialCalibrationLoss
-from pml_hyperbolic.losses.radial_calibration_loss import retrieval_success_target
+from pml_hyperbolic.losses.radial_calibration_loss import radius_ranking_loss, retrieval_success_target
 
-# Reference points (2-D, c = 0.1, clip radius 2.3) and their values, from this plain-numpy snippet
-# (float64, independent of the package):
+# Reference points (2-D, c = 0.1) and their values, from this plain-numpy snippet (float64,
+# independent of the package):
 #
-#   c, r, tau = 0.1, 2.3, 0.2
+#   c, tau, s = 0.1, 0.2, 0.1
 #   d0 = 2 / sqrt(c) * arctanh(sqrt(c) * |x|)
 #   D_ij = 2 / sqrt(c) * arcsinh(sqrt(c |x_i - x_j|² / ((1 - c|x_i|²)(1 - c|x_j|²))))
-#   q_i = sum over same-class j != i of softmax_{k != i}(-D_ik / tau)_j;  p_i = d0_i / (2 r)
-#   loss = mean over anchors with a positive of -(q log p + (1 - q) log(1 - p))
+#   anchors: samples with a same-class partner; for each, q_i = sum over same-class j != i of
+#   softmax_{k != i}(-D_ik / tau)_j;  W_ij = max(0, q_i - q_j) over anchors
+#   loss = s * sum(W * log1p(exp(-(d0_i - d0_j) / s))) / sum(W)
 #   hinge = mean(max(0, 0.2 + d0(x_deg) - d0(x_clean)))
 X = [[0.3, -0.5], [0.4, -0.2], [-1.0, 0.9], [-0.8, 1.2], [0.1, 0.05]]
-Y = [0, 0, 1, 1, 2]
-CALIBRATION_REFERENCE = 0.8282459252307738
+Y = [0, 1, 1, 0, 0]  # the best-retrieved anchor (index 4) is the one nearest the origin: a large loss
+CALIBRATION_REFERENCE = 1.6975663386007245
+Y_ORDERED = [0, 0, 1, 1, 2]  # here the radii already follow the targets: a small loss
+CALIBRATION_REFERENCE_ORDERED = 0.001504528282875153
 X_DEGRADED = [[0.2, -0.4], [0.5, -0.3], [-0.5, 0.4]]
 HINGE_REFERENCE = 0.15974030703549524
 
@@ -34,49 +37,55 @@ def geometry(**kw):
 
 # ---------------------------------------------------------------- RadialCalibrationLoss
 
-def test_calibration_reference_value_float64():
+@pytest.mark.parametrize("labels, expected", [(Y, CALIBRATION_REFERENCE), (Y_ORDERED, CALIBRATION_REFERENCE_ORDERED)])
+def test_calibration_reference_values(labels, expected):
     loss = RadialCalibrationLoss(c=geometry())
-    value = loss(torch.tensor(X, dtype=torch.float64), torch.tensor(Y))
-    assert float(value) == pytest.approx(CALIBRATION_REFERENCE, rel=1e-9)
+    assert float(loss(torch.tensor(X, dtype=torch.float64), torch.tensor(labels))) == pytest.approx(expected, rel=1e-8)
+    assert float(loss(torch.tensor(X), torch.tensor(labels))) == pytest.approx(expected, rel=1e-4)
 
 
-def test_calibration_reference_value_float32():
-    value = RadialCalibrationLoss(c=geometry())(torch.tensor(X), torch.tensor(Y))
-    assert float(value) == pytest.approx(CALIBRATION_REFERENCE, rel=1e-5)
-
-
-def test_calibration_gradient_moves_only_the_radius_towards_the_target():
+def test_calibration_gradient_is_radial_and_orders_the_radii():
     x = torch.tensor(X, dtype=torch.float64, requires_grad=True)
     RadialCalibrationLoss(c=geometry())(x, torch.tensor(Y)).backward()
     g = x.grad
-    # the target is detached: the gradient is radial (parallel to x) for every anchor
+    # the target is detached: the gradient is radial (parallel to x) for every sample
     cross = g[:, 0] * x[:, 1] - g[:, 1] * x[:, 0]
     assert torch.allclose(cross, torch.zeros_like(cross), atol=1e-12)
-    assert torch.all(g[4] == 0)  # class 2 has one sample: not an anchor
+    radial = (g * x).sum(1)  # < 0: a descent step moves the point outwards
+    assert radial[4] < 0  # best retrieved, nearest the origin: pushed out
+    assert radial[3] > 0  # worst retrieved of its class, farthest out: pushed in
 
 
 def test_calibration_gradient_matches_the_formula_with_a_fixed_target_float64():
     # the target q is detached, so finite differences of the loss (which also move q) do not apply:
-    # compare with autograd through an explicit float64 formula at the loss's own (fixed) q
+    # compare with autograd through the explicit formula at the loss's own (fixed) q
+    from pml_hyperbolic import poincare_ball as pb
+
     loss = RadialCalibrationLoss(c=geometry())
     labels = torch.tensor(Y)
     x = torch.tensor(X, dtype=torch.float64, requires_grad=True)
     loss(x, labels).backward()
     with torch.no_grad():
-        from pml_hyperbolic import poincare_ball as pb
-
         pos = labels[:, None] == labels[None]
         pos.fill_diagonal_(False)
         q = retrieval_success_target(pb.pairwise_dist(x, x, 0.1), pos, ~torch.eye(5, dtype=torch.bool), 0.2)
     x2 = x.detach().clone().requires_grad_(True)
     d0 = 2 / math.sqrt(0.1) * torch.atanh(math.sqrt(0.1) * x2.norm(dim=1))
-    p = d0 / 4.6
-    anchors = pos.any(1)
-    torch.nn.functional.binary_cross_entropy(p[anchors], q[anchors]).backward()
+    a = pos.any(1)
+    w = (q[a][:, None] - q[a][None]).clamp_min(0)
+    margin = (d0[a][:, None] - d0[a][None]) / 0.1
+    (0.1 * (w * torch.nn.functional.softplus(-margin)).sum() / w.sum()).backward()
     assert torch.allclose(x.grad, x2.grad, rtol=1e-7, atol=1e-10)
 
 
-def test_calibration_no_positive_gives_zero_with_grad():
+def test_calibration_gradcheck_of_the_ranking_float64():
+    d0 = torch.tensor([0.5, 1.0, 2.0, 1.5], dtype=torch.float64, requires_grad=True)
+    q = torch.tensor([0.9, 0.1, 0.5, 0.3], dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda d: radius_ranking_loss(d, q, 0.1), (d0,))
+    assert float(radius_ranking_loss(d0, torch.full((4,), 0.5, dtype=torch.float64), 0.1).detach()) == 0.0
+
+
+def test_calibration_fewer_than_two_anchors_gives_zero_with_grad():
     x = torch.tensor(X, requires_grad=True)
     value = RadialCalibrationLoss(c=geometry())(x, torch.arange(5))
     assert float(value.detach()) == 0.0
@@ -89,7 +98,7 @@ def test_calibration_with_miner_pairs_runs_and_is_finite():
     labels = torch.arange(4).repeat_interleave(4)
     pairs = BatchEasyHardMiner()(x, labels)
     value = RadialCalibrationLoss(c=geometry())(x, labels, pairs)
-    assert math.isfinite(float(value)) and float(value) > 0
+    assert math.isfinite(float(value)) and float(value) >= 0
 
 
 def test_retrieval_success_target_values():
@@ -104,8 +113,8 @@ def test_retrieval_success_target_values():
 @pytest.mark.parametrize("kwargs, match", [
     ({}, "PoincareGeometry"),
     ({"c": 0.1}, "PoincareGeometry"),
-    ({"c": PoincareGeometry(c=0.1, clip=None)}, "clipping"),
     ({"c": PoincareGeometry(c=0.1, clip_r=2.3), "temperature": 0}, "temperature"),
+    ({"c": PoincareGeometry(c=0.1, clip_r=2.3), "scale": -1}, "scale"),
 ])
 def test_calibration_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -292,7 +301,7 @@ def test_hyp_vit_recipe_terms_off_by_default_and_on_by_flag(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--degraded-copies", "0.5", "--head-radius", "norm"], "--head-radius learned"),
-    (["--radial-calibration", "1", "--clip-r", "none"], "clip radius"),
+    (["--radial-calibration", "1", "--model", "sph"], "hyperbolic head"),
     (["--degraded-copies", "1.5"], "fraction"),
     (["--radial-calibration", "-1"], ">= 0"),
 ])

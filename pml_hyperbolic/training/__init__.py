@@ -19,6 +19,7 @@ _EXPORTS = {
     "Recipe": ".runner", "format_summary": ".runner", "freeze_patch_embedding": ".runner",
     "resolve_dataset": ".runner", "select_device": ".runner",
     "HyperbolicTrainer": ".trainer", "resolve_amp": ".trainer",
+    "DegradedCopyTrainer": ".degraded_copy_trainer", "add_radius_terms": ".radius_terms",
 }
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
     "EpochEndEvaluator", "Evaluator", "build_tester", "eval_protocol", "format_recall",
     "RunLogger", "Recipe", "RecipeCommandLine", "format_summary", "check_batch_settings", "freeze_patch_embedding",
     "resolve_dataset", "select_device",
-    "HyperbolicTrainer", "resolve_amp",
+    "HyperbolicTrainer", "resolve_amp", "DegradedCopyTrainer", "add_radius_terms",
 ]
 
 from .._lazy import lazy_exports  # noqa: E402

@@ -8,7 +8,7 @@ from .config import ConfigError
 
 
 def check_radius_terms(args, geometry) -> None:
-    """One clear error when a radius term cannot act: it needs the polar head and a clipping geometry."""
+    """One clear error when a radius term cannot act: it needs a hyperbolic head whose radius is learned."""
     wanted = [flag for flag, value in (("--radial-calibration", getattr(args, "radial_calibration", 0.0)),
                                        ("--degraded-copies", getattr(args, "degraded_copies", 0.0))) if value]
     if not wanted:
@@ -18,9 +18,6 @@ def check_radius_terms(args, geometry) -> None:
     if getattr(args, "head_radius", "learned") != "learned":
         raise ConfigError(f"{' and '.join(wanted)} need --head-radius learned: with the papers' head every "
                           "embedding sits at the clip radius, so there is no radius to train")
-    if geometry.clip_r is None:
-        raise ConfigError(f"{' and '.join(wanted)} need a clip radius (--clip-r): the learned radius is a "
-                          "fraction of it")
 
 
 def add_radius_terms(args, geometry, loss_funcs: Dict) -> Tuple[Dict, Optional[Type], Dict]:
