@@ -10,6 +10,11 @@ Cars196 (paper settings): ViT-S/16 → hyperbolic head (128-d, c = 0.1, clip 2.3
 adaptive contrastive loss; 3 samples per class, batch 294 (contrastive) or 2 per class and 194
 (triplet), AdamW lr 3e-5, weight decay 0.01, AMP. Without Cars196 the recipe trains a small
 ImageNet-pretrained CNN on the bundled glyph dataset so that it finishes in minutes on a CPU.
+
+Beyond the paper (so that the uncertainty it reads off the radius means something; bench/radius.py):
+the polar head, ``--radial-calibration 1`` (the radii ordered by in-batch retrieval success) and
+``--degraded-copies 0.25`` (a blurred / noisy / occluded copy of a quarter of each batch must sit
+nearer the origin). ``--head-radius norm --radial-calibration 0 --degraded-copies 0`` is the paper's setup.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once

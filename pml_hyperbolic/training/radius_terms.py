@@ -17,7 +17,8 @@ def check_radius_terms(args, geometry) -> None:
         raise ConfigError(f"{' and '.join(wanted)} need a hyperbolic head (the radius is what they train)")
     if getattr(args, "head_radius", "learned") != "learned":
         raise ConfigError(f"{' and '.join(wanted)} need --head-radius learned: with the papers' head every "
-                          "embedding sits at the clip radius, so there is no radius to train")
+                          "embedding sits at the clip radius, so there is no radius to train (with --head-radius norm, "
+                          "pass --radial-calibration 0 --degraded-copies 0)")
 
 
 def add_radius_terms(args, geometry, loss_funcs: Dict) -> Tuple[Dict, Optional[Type], Dict]:
