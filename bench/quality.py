@@ -83,6 +83,7 @@ class Row:
 
 def build_rows():
     uml = ("hyp_uml_cars", "HypUML")
+    NO_COPIES = ["--degraded-copies", "0"]
     rows = [
         Row("raw", "Pretrained features, no training (1280-d, cosine)", kind="raw"),
         Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]", "baseline", ["--pml-loss", "supcon"]),
@@ -95,11 +96,13 @@ def build_rows():
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2"]),
         Row("hypmix_learn", "HypMix, learnable λ (init 3)", ("hyp_mix", "HypMix"),
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2", "--learnable-lambda"]),
-        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default)", uml),
-        Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", uml, ["--uncertainty-mode", "literal"]),
-        Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", uml, ["--loss", "triplet"]),
+        # The bank holds backbone activations, not images: the recipe's --degraded-copies (image
+        # degradations inside the training step) cannot run on it; bench/radius.py measures them.
+        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default; + calibration, no degraded copies)", uml, NO_COPIES),
+        Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", uml, ["--uncertainty-mode", "literal"] + NO_COPIES),
+        Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", uml, ["--loss", "triplet"] + NO_COPIES),
         Row("uml_margin_lit", "Hyp-UML adaptive margin triplet (literal U)", uml,
-            ["--loss", "triplet", "--uncertainty-mode", "literal"]),
+            ["--loss", "triplet", "--uncertainty-mode", "literal"] + NO_COPIES),
         Row("hier_margin", "Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1)",
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ["--supervised"]),
         Row("unsup_logratio", "Unsupervised: pseudo-labels (128 ward clusters, whitened features) + log-ratio (Ω=1.2)",
