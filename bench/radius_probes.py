@@ -1,5 +1,10 @@
 #!/usr/bin/env python
-"""Probes for issue 13 that did not become defaults: can the ball's radius separate degraded queries?
+"""Probes for issue 13 (stop 12): can the ball's radius separate degraded queries?
+
+What became defaults (stop 13) is measured by ``bench/radius.py``: the calibration term in a ranking
+form (``pml_hyperbolic.losses.RadialCalibrationLoss``; the binary cross-entropy form probed here,
+``BCERadiusCalibration``, pulled the radii inward) and paired degraded copies
+(``DegradedCopyRadiusLoss``; the unpaired degraded views probed here did not move the radius).
 
     python bench/radius_probes.py                 # seed 0, 600 steps, head only (~5 min on 2 cores)
     python bench/radius_probes.py --seeds 0,1,2
@@ -36,7 +41,7 @@ import _quality_common as qc  # noqa: E402
 import radius as R  # noqa: E402
 
 
-class RadialCalibrationLoss(torch.nn.Module):
+class BCERadiusCalibration(torch.nn.Module):
     """BCE(d₀ / max d₀, q) with q the softmax mass (over the batch, self excluded, distances / τ) on
     the sample's own class, detached: a target for the radius only."""
 
@@ -62,7 +67,7 @@ def with_calibration(weight):
         from pytorch_metric_learning.losses import MultipleLosses
 
         head, loss, geometry, max_d0 = R.build("polar", "pce", feature_dim)
-        return head, MultipleLosses([loss, RadialCalibrationLoss(geometry)], weights=[1.0, weight]), geometry, max_d0
+        return head, MultipleLosses([loss, BCERadiusCalibration(geometry)], weights=[1.0, weight]), geometry, max_d0
     return builder
 
 
