@@ -243,19 +243,17 @@ class _Mined(torch.nn.Module):
 COPY_FRACTION = 0.25  # the recipes' --degraded-copies default (Hyp-UML)
 
 
-def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, use_cache=True):
-    """Pooled features of every training image, augmented then degraded by the package's
-    ``RandomDegradation`` (the recipes' ``--degraded-copies``, one image at a time): (N, views, 1280)."""
+def degraded_view_features(cfg, degrade, cache_tag, views=2, use_cache=True):
+    """Pooled features of every training image, augmented then degraded by ``degrade(images (B, C, H, W),
+    generator)``: (N, views, 1280), cached under ``cache_tag``."""
     from pml_hyperbolic.data import GlyphDataset, build_transforms
-    from pml_hyperbolic.data.degradations import RandomDegradation
 
-    path = qc._cache_path(cfg, "glyphs", f"package-degraded-train-views|{views}|" + ",".join(kinds))
+    path = qc._cache_path(cfg, "glyphs", cache_tag)
     if use_cache and os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     prefix, tail, _ = qc.split_backbone(cfg.backbone)
     data = GlyphDataset("train")
     augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
-    degrade_batch = RandomDegradation(kinds=kinds)
     generator = torch.Generator().manual_seed(77)
     torch.manual_seed(77)  # torchvision's random transforms draw from the global RNG
     out = []
@@ -264,13 +262,21 @@ def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, u
             feats = []
             for start in range(0, len(data), 256):
                 images = torch.stack([augment(data[i][0]) for i in range(start, min(len(data), start + 256))])
-                feats.append(tail(prefix(degrade_batch(images, generator))))
+                feats.append(tail(prefix(degrade(images, generator))))
             out.append(torch.cat(feats))
     out = torch.stack(out, 1)
     if use_cache:
         os.makedirs(cfg.cache_dir, exist_ok=True)
         torch.save(out, path)
     return out
+
+
+def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, use_cache=True):
+    """Training views degraded by the package's ``RandomDegradation`` (the recipes' ``--degraded-copies``)."""
+    from pml_hyperbolic.data.degradations import RandomDegradation
+
+    return degraded_view_features(cfg, RandomDegradation(kinds=kinds),
+                                  f"package-degraded-train-views|{views}|" + ",".join(kinds), views, use_cache)
 
 
 def aligned_views(data, views):

@@ -102,42 +102,19 @@ def random_degradation(image, generator):
 
 
 def degraded_training_views(cfg, views=2, use_cache=True):
-    """Pooled features of every training image, augmented then randomly degraded: (N, views, 1280)."""
-    from pml_hyperbolic.data import GlyphDataset, build_transforms
+    """Pooled features of every training image, augmented then randomly degraded: (N, views, 1280).
+    (The torchvision ops of the probe, one image at a time: not the package's ``RandomDegradation``.)"""
+    def degrade(images, generator):
+        return torch.stack([random_degradation(image, generator) for image in images])
 
-    path = qc._cache_path(cfg, "glyphs", f"degraded-train-views|{views}")
-    if use_cache and os.path.isfile(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
-    prefix, tail, _ = qc.split_backbone(cfg.backbone)
-    data = GlyphDataset("train")
-    augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
-    generator = torch.Generator().manual_seed(77)
-    torch.manual_seed(77)  # torchvision's random transforms draw from the global RNG
-    out = []
-    with torch.no_grad():
-        for _ in range(views):
-            feats = []
-            for start in range(0, len(data), 256):
-                images = torch.stack([random_degradation(augment(data[i][0]), generator)
-                                      for i in range(start, min(len(data), start + 256))])
-                feats.append(tail(prefix(images)))
-            out.append(torch.cat(feats))
-    out = torch.stack(out, 1)
-    if use_cache:
-        os.makedirs(cfg.cache_dir, exist_ok=True)
-        torch.save(out, path)
-    return out
+    return R.degraded_view_features(cfg, degrade, f"degraded-train-views|{views}", views, use_cache)
 
 
 def with_degraded_views(data, extra_views):
     """The training split of ``data`` with ``extra_views`` (of the whole training set) appended."""
     train = data["train"]
-    full = data["bank"].train
-    # carve_validation keeps a subset of the training rows: find them by their clean view
-    index = {tuple(full.acts[i, 0, :8].tolist()): i for i in range(len(full.acts))}
-    rows = torch.tensor([index[tuple(train.acts[j, 0, :8].tolist())] for j in range(len(train.acts))])
-    return qc.Split(torch.cat([train.acts, extra_views[rows]], 1), train.labels, train.super_labels,
-                    train.font_families)
+    return qc.Split(torch.cat([train.acts, R.aligned_views(data, extra_views)], 1), train.labels,
+                    train.super_labels, train.font_families)
 
 
 def per_degradation(cfg, data, seed, steps):
