@@ -202,3 +202,54 @@ def test_bad_split_and_missing_file(tmp_path):
         GlyphDataset(split="validation")
     with pytest.raises(FileNotFoundError, match="build_glyphs"):
         GlyphDataset(root=str(tmp_path))
+
+
+def test_glyph_pipelines_get_greyscale_and_other_transforms_rgb():
+    seen = []
+
+    def record(image):
+        seen.append(image.mode)
+        return image
+
+    GlyphDataset("query", transform=record)[0]
+    record.accepts_greyscale = True  # a transform that says grey in = its RGB conversion in
+    GlyphDataset("query", transform=record)[0]
+    assert seen == ["RGB", "L"]
+    assert GlyphDataset("query")[0][0].mode == "RGB"  # no transform: RGB, as documented
+    # the package's glyph pipeline: the same tensors either way
+    pipeline = build_transforms("glyph", train=False, image_size=48)
+    dataset = GlyphDataset("query", transform=pipeline)
+    assert torch.equal(dataset[5][0], pipeline(GlyphDataset("query")[5][0]))
+
+
+def test_glyph_archive_is_read_once_per_file_version(tmp_path):
+    import shutil
+
+    from pml_hyperbolic.data import glyphs
+
+    first, second = GlyphDataset("train"), GlyphDataset("gallery")
+    archive = glyphs.read_glyph_archive(BUNDLED_GLYPHS_PATH)
+    assert archive is glyphs.read_glyph_archive(BUNDLED_GLYPHS_PATH)  # decoded once
+    assert not archive["images"].flags.writeable  # shared between datasets: read-only
+    assert first._pixels.flags.writeable  # each split's own pixel array
+    with np.load(BUNDLED_GLYPHS_PATH) as z:
+        assert np.array_equal(second.pixel_array(), 255 - z["images"][np.ix_(z["char_is_test"], ~np.isin(
+            z["font_families"], ["display"]))].reshape(-1, *z["images"].shape[2:]))
+    copy = tmp_path / "cjk_glyphs.npz"
+    shutil.copy(BUNDLED_GLYPHS_PATH, copy)
+    other = glyphs.read_glyph_archive(str(copy))
+    assert other is not archive and np.array_equal(other["images"], archive["images"])
+    # a rewritten file (new size / time) is read again
+    with np.load(copy) as z:
+        data = {k: z[k] for k in z.files}
+    data["images"] = data["images"][:, :5]
+    data["font_names"], data["font_families"] = data["font_names"][:5], data["font_families"][:5]
+    os.remove(copy)
+    np.savez_compressed(copy, **data)
+    assert glyphs.read_glyph_archive(str(copy))["images"].shape[1] == 5
+    # an archive without one of its arrays: one clear error
+    del data["metadata"]
+    broken = tmp_path / "broken.npz"
+    np.savez_compressed(broken, **data)
+    with pytest.raises(ValueError, match="metadata"):
+        GlyphDataset("train", root=str(broken))

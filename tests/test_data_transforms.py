@@ -7,7 +7,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from pml_hyperbolic.data import build_transforms
-from pml_hyperbolic.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from pml_hyperbolic.data.transforms import IMAGENET_MEAN, IMAGENET_STD, ConvertToRGB, ToNormalizedTensor
 
 MEAN = torch.tensor(IMAGENET_MEAN)[:, None, None]
 STD = torch.tensor(IMAGENET_STD)[:, None, None]
@@ -89,3 +89,70 @@ def test_glyph_train_never_flips_and_pads_with_white_paper():
     for seed in range(10):
         torch.manual_seed(seed)
         torch.testing.assert_close(pipeline(blank), white, rtol=0, atol=1e-5)
+
+
+# ---- the greyscale glyph pipeline (issue 16): same tensors as torchvision's, bit for bit --------
+
+def torchvision_glyph_pipeline(train, image_size=48):
+    """The glyph pipeline as it was before issue 16: RGB first, torchvision's ToTensor + Normalize."""
+    steps = [T.Resize((image_size, image_size), interpolation=T.InterpolationMode.BICUBIC)]
+    if train:
+        steps.insert(0, T.RandomAffine(degrees=8.0, translate=(0.08, 0.08), scale=(0.85, 1.1), shear=6,
+                                       interpolation=T.InterpolationMode.BILINEAR, fill=255))
+    return T.Compose([ConvertToRGB(), *steps, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def random_glyphs(n, seed=0, side=40):
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (side, side), dtype=np.uint8), mode="L") for _ in range(n)]
+
+
+def test_to_normalized_tensor_equals_to_tensor_then_normalize_bit_for_bit():
+    reference = T.Compose([T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    fused = ToNormalizedTensor(IMAGENET_MEAN, IMAGENET_STD)
+    for grey in random_glyphs(20, seed=3, side=33):
+        colour = random_photo(31, 17, seed=int(np.asarray(grey)[0, 0]))
+        for image in (grey, colour):
+            got = fused(image)
+            assert got.shape == (3, image.size[1], image.size[0]) and got.dtype == torch.float32
+            assert got.is_contiguous()
+            assert torch.equal(got, reference(image.convert("RGB")))
+    # reference values: paper white and black ink
+    white, black = Image.new("L", (2, 2), 255), Image.new("L", (2, 2), 0)
+    torch.testing.assert_close(fused(white)[:, 0, 0], (1 - MEAN[:, 0, 0]) / STD[:, 0, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(fused(black)[:, 0, 0], -MEAN[:, 0, 0] / STD[:, 0, 0], rtol=0, atol=1e-6)
+
+
+def test_to_normalized_tensor_refuses_bad_input():
+    with pytest.raises(ValueError, match="ConvertToRGB"):
+        ToNormalizedTensor()(Image.new("CMYK", (4, 4)))
+    with pytest.raises(ValueError, match="mode"):
+        ToNormalizedTensor()(torch.zeros(3, 4, 4))
+    with pytest.raises(ValueError, match="3 each"):
+        ToNormalizedTensor(mean=(0.5, 0.5), std=(0.5, 0.5))
+    one_for_all = ToNormalizedTensor(mean=(0.5,), std=(0.25,))  # as Normalize broadcasts one value
+    assert torch.equal(one_for_all(Image.new("L", (2, 2), 255)), torch.full((3, 2, 2), 2.0))
+    with pytest.raises(ValueError, match="non-zero"):
+        ToNormalizedTensor(mean=(0.5, 0.5, 0.5), std=(0.5, 0.0, 0.5))
+
+
+def test_convert_to_rgb_keeps_greyscale_only_when_asked():
+    grey, cmyk = Image.new("L", (3, 3), 7), Image.new("CMYK", (3, 3))
+    assert ConvertToRGB()(grey).mode == "RGB"
+    assert ConvertToRGB(keep_greyscale=True)(grey) is grey
+    assert ConvertToRGB(keep_greyscale=True)(cmyk).mode == "RGB"
+    with pytest.raises(ValueError, match="keep_greyscale"):
+        ConvertToRGB(keep_greyscale="yes")
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_glyph_pipeline_on_grey_images_equals_the_torchvision_pipeline_on_rgb(train):
+    pipeline, before = build_transforms("glyph", train=train, image_size=48), torchvision_glyph_pipeline(train)
+    assert pipeline.accepts_greyscale is True
+    for i, glyph in enumerate(random_glyphs(60, seed=4)):
+        for image in (glyph, glyph.convert("RGB")):  # grey (the fast path) and RGB input alike
+            torch.manual_seed(i)  # the same augmentation draws
+            got = pipeline(image)
+            torch.manual_seed(i)
+            assert torch.equal(got, before(glyph.convert("RGB")))
+    assert not hasattr(build_transforms("imagenet", train=False), "accepts_greyscale")

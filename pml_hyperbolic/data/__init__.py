@@ -16,6 +16,7 @@ _EXPORTS = {
     "find_dataset_root": ".registry",
     "ClassBalancedBatchSampler": ".samplers",
     "ConvertToRGB": ".transforms",
+    "ToNormalizedTensor": ".transforms",
     "build_transforms": ".transforms",
 }
 
@@ -30,6 +31,7 @@ __all__ = [
     "ImageListDataset",
     "InShopDataset",
     "OnlineProductsDataset",
+    "ToNormalizedTensor",
     "build_dataset",
     "collate_skipping_unreadable",
     "build_transforms",

@@ -43,10 +43,10 @@ def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), bat
 
 
 # Transforms whose output depends on the input alone (no random draw); matched by class name so
-# that torchvision's v1 and v2 classes and this package's ConvertToRGB all count.
+# that torchvision's v1 and v2 classes and this package's ConvertToRGB and ToNormalizedTensor count.
 DETERMINISTIC_TRANSFORMS = frozenset({
     "Compose", "ToTensor", "PILToTensor", "ToImage", "ToPILImage", "ConvertImageDtype", "ToDtype",
-    "Normalize", "Resize", "CenterCrop", "Pad", "Grayscale", "ConvertToRGB",
+    "Normalize", "Resize", "CenterCrop", "Pad", "Grayscale", "ConvertToRGB", "ToNormalizedTensor",
 })
 
 
