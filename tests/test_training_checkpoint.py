@@ -98,3 +98,16 @@ def test_disk_full_is_one_clear_error_and_the_old_checkpoint_survives(tmp_path, 
     monkeypatch.undo()
     assert read_checkpoint(manager.last_path) == {"epoch": 1}
     assert os.listdir(tmp_path) == ["last.pt"]
+
+
+def test_packed_state_is_written_as_it_is_and_a_raw_dict_is_refused(tmp_path):
+    from pml_hyperbolic.training.checkpoint import pack_with_digest
+
+    packed = pack_with_digest({"v": torch.arange(3)})
+    for name in ("last.pt", "best.pt"):  # one serialisation, two files (CheckpointManager.save)
+        atomic_torch_save(packed, str(tmp_path / name), packed=True)
+        assert torch.equal(read_checkpoint(str(tmp_path / name))["v"], torch.arange(3))
+    assert (tmp_path / "last.pt").read_bytes() == (tmp_path / "best.pt").read_bytes()
+    with pytest.raises(ValueError, match="pack_with_digest"):
+        atomic_torch_save({"v": 1}, str(tmp_path / "x.pt"), packed=True)
+    assert sorted(os.listdir(tmp_path)) == ["best.pt", "last.pt"]

@@ -49,14 +49,18 @@ def read_checkpoint(path: str, map_location="cpu"):
     return unpack_with_digest(torch.load(path, map_location=map_location, weights_only=False), path, map_location)
 
 
-def atomic_torch_save(obj, path: str) -> None:
+def atomic_torch_save(obj, path: str, packed: bool = False) -> None:
     """Write ``obj`` (with a SHA-256 digest, see :func:`pack_with_digest`) to a temporary file in the
-    same folder, fsync it, then ``os.replace`` it.
+    same folder, fsync it, then ``os.replace`` it. ``packed=True``: ``obj`` is already the output of
+    :func:`pack_with_digest` (one serialisation written to several files).
 
     A crash mid-write leaves the previous checkpoint intact (``os.replace`` is atomic on POSIX and
     Windows when source and target are on the same file system, hence the same folder).
     """
-    obj = pack_with_digest(obj)
+    if not packed:
+        obj = pack_with_digest(obj)
+    elif not (isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT and "payload" in obj):
+        raise ValueError("atomic_torch_save(packed=True) needs the dict returned by pack_with_digest")
     folder = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
@@ -155,9 +159,12 @@ class CheckpointManager:
         if not self.enabled:
             return
         state = self.state(trainer, epoch, best, history)
+        packed = None
         for path in [self.last_path] + ([self.best_path] if is_best else []):
             try:
-                atomic_torch_save(state, path)
+                if packed is None:  # serialised and digested once, written to last.pt (and best.pt)
+                    packed = pack_with_digest(state)
+                atomic_torch_save(packed, path, packed=True)
             except OSError as err:  # disk full, quota, permissions: one clear line, the old file survives
                 raise ConfigError(f"cannot write checkpoint {path}: {err.strerror or err}. The previous checkpoint "
                                   f"there is intact (--resume continues from epoch {epoch - 1}); free space or "
