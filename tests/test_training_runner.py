@@ -1,0 +1,44 @@
+"""Recipe.run's garbage-collector handling: long-lived objects frozen during the run, none after."""
+import argparse
+import gc
+
+import pytest
+
+from pml_hyperbolic.training import runner
+
+
+class Probe(runner.Recipe):
+    name = "probe"
+    seen = []
+
+    def _run(self, t0):
+        Probe.seen.append(gc.get_freeze_count())
+        if self.args.fail:
+            raise RuntimeError("the run failed")
+        return {"ok": True}
+
+
+def probe_args(fail=False):
+    return argparse.Namespace(quiet=True, threads="auto", device="cpu", dist_backend="gloo", fail=fail)
+
+
+def test_freeze_long_lived_objects_freezes_what_is_alive():
+    gc.unfreeze()
+    try:
+        runner.freeze_long_lived_objects()
+        assert gc.get_freeze_count() > 1000  # at least the imported modules' objects
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+
+
+def test_run_freezes_then_unfreezes_even_when_the_run_fails():
+    gc.unfreeze()
+    Probe.seen.clear()
+    recipe = Probe(probe_args())
+    assert recipe.run() == {"ok": True}
+    assert Probe.seen[0] > 1000 and gc.get_freeze_count() == 0
+    recipe.args = probe_args(fail=True)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        recipe.run()
+    assert Probe.seen[1] > 1000 and gc.get_freeze_count() == 0
