@@ -123,6 +123,10 @@ def recipe_on_bank(recipe_cls, bank: qc.Bank, cfg: qc.BenchConfig, seed: int, ex
 
     OnBank.__name__ = OnBank.__qualname__ = recipe_cls.__name__
     args = OnBank.parse(bench_arguments(cfg, seed, output_dir) + list(extra_argv))
+    if getattr(args, "degraded_copies", 0):
+        # DegradedCopyTrainer blurs / noises / occludes its input: here that would be activations
+        raise ValueError(f"{recipe_cls.__name__} on the bank: pass --degraded-copies 0 (the bank holds backbone "
+                         "activations, not images; bench/radius.py measures the degraded copies)")
     return OnBank(args)
 
 

@@ -3,7 +3,8 @@
 
     python bench/main_job.py                 # 1 thread (the default), run folder in a temp dir
     python bench/main_job.py --threads 2     # what the recipe would use on the 2-core machine
-    python bench/main_job.py --as-before     # without issue 16's feature cache, chunking, kept memory
+    python bench/main_job.py --as-before     # without issue 16's feature cache, chunking, kept memory,
+                                             # greyscale glyph pipeline, cached glyph archive, gc.freeze
     python bench/main_job.py --channels-last # experiment: a faster trunk layout (not bit-exact)
     python bench/main_job.py -- --epochs 1   # extra arguments after -- go to the recipe
 
@@ -11,7 +12,8 @@ The recipe runs in this process; its phases are timed by wrapping methods of the
 (no edit to the recipe or the runner): ``Recipe.setup_data`` (data), ``Recipe.setup_model``
 (model setup: backbone weights), the trunk's and the head's ``forward`` (trunk / head), the
 trainer's batch fetching (data), loss and backward/step (head+loss), the ``Evaluator`` call
-(evaluation, split into its trunk, head, data+loop and kNN parts) and ``Recipe.plots`` (plots).
+(evaluation, split into its trunk, head, data+loop and kNN parts), ``CheckpointManager.save``
+(checkpoints) and ``Recipe.plots`` and ``Recipe.retrieval_grid`` (plots).
 Each CPU second goes to the innermost phase running (exclusive time), so the rows add up to the
 total. CPU time is the whole process's (``time.process_time``: every thread), plus DataLoader
 worker processes (``RUSAGE_CHILDREN``) in the total. Wall time and the load average are printed
@@ -110,13 +112,55 @@ def force_keywords(cls, **forced) -> None:
     cls.__init__ = init
 
 
+def pre_issue_16_glyph_data(runner) -> None:
+    """Make ``Recipe.setup_data`` build the glyph data as before issue 16: torchvision's ToTensor +
+    Normalize after an RGB conversion at the start (GlyphDataset then converts every image to RGB
+    itself), and the ``.npz`` archive decompressed for every split. Installed on the first call, so
+    torchvision's import stays in the data phase as in the job."""
+    setup_data = runner.Recipe.setup_data
+
+    def setup_data_as_before(self):
+        import pml_hyperbolic.data as data
+        from pml_hyperbolic.data import glyphs, transforms
+        from torchvision import transforms as T
+
+        build_transforms, read_archive = transforms.build_transforms, glyphs.read_glyph_archive
+
+        def build_transforms_as_before(*args, **kwargs):
+            pipeline = build_transforms(*args, **kwargs)
+            if not getattr(pipeline, "accepts_greyscale", False):
+                return pipeline
+            steps = []
+            for step in pipeline.transforms:
+                if isinstance(step, transforms.ConvertToRGB):
+                    steps.append(transforms.ConvertToRGB())
+                elif isinstance(step, transforms.ToNormalizedTensor):
+                    steps += [T.ToTensor(), T.Normalize(step.mean, step.std)]
+                else:
+                    steps.append(step)
+            return T.Compose(steps)  # no accepts_greyscale: GlyphDataset hands it RGB images
+
+        def read_archive_as_before(path):
+            glyphs._archive_cache.clear()
+            return read_archive(path)
+
+        transforms.build_transforms = data.build_transforms = build_transforms_as_before
+        glyphs.read_glyph_archive = read_archive_as_before
+        runner.Recipe.setup_data = setup_data
+        return setup_data(self)
+
+    runner.Recipe.setup_data = setup_data_as_before
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: CPU time = work done)")
     parser.add_argument("--as-before", action="store_true",
                         help="turn off what issue 16 added (the tester's frozen-trunk feature cache, the CPU "
-                             "trunk chunking and the kept freed memory, in tester and trainer): the same code's "
-                             "'before', in the same checkout")
+                             "trunk chunking and the kept freed memory, in tester and trainer; the greyscale glyph "
+                             "pipeline, the cached glyph archive and the frozen long-lived objects): the same "
+                             "code's 'before', in the same checkout (the one-axes retrieval grid and the single "
+                             "checkpoint serialisation stay)")
     parser.add_argument("--channels-last", action="store_true",
                         help="experiment: run the trunk in channels-last memory format (faster on CPU, but "
                              "other kernels: the embeddings change in the 5th digit, so the job does not use it)")
@@ -131,7 +175,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     import pytorch_metric_learning.testers  # noqa: F401
-    from pml_hyperbolic.training import evaluation, runner, trainer
+    from pml_hyperbolic.training import checkpoint, evaluation, runner, trainer
 
     sys.path.insert(0, os.path.dirname(RECIPE))  # recipes are scripts, not a package
     recipe = runpy.run_path(RECIPE, run_name="hyp_uml_bench")["HypUML"]
@@ -140,9 +184,13 @@ def main(argv=None) -> dict:
         force_keywords(evaluation.SkippingEmbeddingSpaceTester, cache_frozen_trunk=False, trunk_chunk_size=None,
                        keep_freed_memory=False)
         force_keywords(trainer.HyperbolicTrainer, trunk_chunk_size=None, keep_freed_memory=False)
+        pre_issue_16_glyph_data(runner)
+        runner.freeze_long_lived_objects = lambda: None  # the collector scans every object, as before
 
     wrap_method(runner.Recipe, "setup_data", clock, "data")
     wrap_method(runner.Recipe, "plots", clock, "plots")
+    wrap_method(runner.Recipe, "retrieval_grid", clock, "plots")
+    wrap_method(checkpoint.CheckpointManager, "save", clock, "checkpoints")
     wrap_method(trainer.HyperbolicTrainer, "get_batch", clock, "data")
     wrap_method(trainer.HyperbolicTrainer, "calculate_loss", clock, "head+loss")
     wrap_method(trainer.HyperbolicTrainer, "backward", clock, "head+loss")
@@ -176,7 +224,8 @@ def main(argv=None) -> dict:
     variant = (", as before" if args.as_before else "") + (", channels-last" if args.channels_last else "")
     print(f"\nmain job (bench/main_job.py, threads {args.threads}{variant}, load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} CPUs)")
-    order = ["imports", "data", "model setup", "trunk", "head", "head+loss", "evaluation", "plots", "other"]
+    order = ["imports", "data", "model setup", "trunk", "head", "head+loss", "evaluation", "checkpoints", "plots",
+             "other"]
     names = sorted(clock.totals, key=lambda n: (order.index(n.split("/")[0]) if n.split("/")[0] in order
                                                 else len(order), n))
     for name in names:

@@ -69,16 +69,23 @@ def test_rows_train_through_the_recipes_code_path(tiny):
     # A row is the recipe itself (its parser, builders, runner, PML trainer and tester), on the bank.
     import _recipe_rows as rr
 
-    from pml_hyperbolic.losses import UncertaintyAdaptiveTripletLoss
+    from pytorch_metric_learning.losses import MultipleLosses
+
+    from pml_hyperbolic.losses import RadialCalibrationLoss, UncertaintyAdaptiveTripletLoss
     from pml_hyperbolic.training.hcl_trainer import HCLTrainer
     from pml_hyperbolic.training.runner import Recipe
 
     cfg, bank = tiny
     cls = rr.load_recipe_class("hyp_uml_cars", "HypUML")
-    metrics, recipe = rr.run_recipe_row(cls, bank, cfg, 0, ["--loss", "triplet"])
+    with pytest.raises(ValueError, match="--degraded-copies 0"):  # the bank holds activations, not images
+        rr.run_recipe_row(cls, bank, cfg, 0, ["--loss", "triplet"])
+    metrics, recipe = rr.run_recipe_row(cls, bank, cfg, 0, ["--loss", "triplet", "--degraded-copies", "0"])
     _check_metrics(metrics)
     assert isinstance(recipe, cls) and isinstance(recipe, Recipe)
-    assert isinstance(recipe.trainer.loss_funcs["metric_loss"], UncertaintyAdaptiveTripletLoss)
+    metric_loss = recipe.trainer.loss_funcs["metric_loss"]  # Hyp-UML's default: + RadialCalibrationLoss
+    assert isinstance(metric_loss, MultipleLosses)
+    assert isinstance(metric_loss.losses[0], UncertaintyAdaptiveTripletLoss)
+    assert isinstance(metric_loss.losses[1], RadialCalibrationLoss)
     assert recipe.trainer.global_step == cfg.steps
     assert recipe.head.geometry is recipe.geometry  # the one geometry object, by reference
     assert recipe.args.batch_size == cfg.batch_size and recipe.args.head_lr == cfg.lr_head
