@@ -7,7 +7,7 @@ import pytest
 import torch
 from pytorch_metric_learning.miners import BatchEasyHardMiner
 
-from pml_hyperbolic.data.degradations import RandomDegradation, gaussian_blur, gaussian_kernel1d
+from pml_hyperbolic.data.degradations import RandomDegradation, gaussian_blur, gaussian_blur_batch, gaussian_kernel1d
 from pml_hyperbolic.geometry import PoincareGeometry
 from pml_hyperbolic.losses import DegradedCopyRadiusLoss, RadialCalibrationLoss
 from pml_hyperbolic.losses.radial_calibration_loss import radius_ranking_loss, retrieval_success_target
@@ -202,6 +202,37 @@ def test_gaussian_kernel_and_blur_values():
     image[0, 4, 4] = 1.0
     out = gaussian_blur(image, 1.0)
     assert float(out[0, 4, 4]) == pytest.approx(float(k[3] ** 2))
+
+
+def test_batch_blur_matches_a_separable_reference_per_image():
+    # reference: scipy's correlate1d with this module's taps, mode "mirror" (= torch's "reflect"),
+    # one image and one sigma at a time, in float64
+    from scipy.ndimage import correlate1d
+
+    gen = torch.Generator().manual_seed(5)
+    images = torch.randn(5, 2, 19, 23, generator=gen, dtype=torch.float64)
+    sigmas = torch.tensor([0.4, 1.0, 2.2, 0.7, 3.1], dtype=torch.float64)  # kernel widths 3 to 21 taps
+    out = gaussian_blur_batch(images, sigmas)
+    for i, sigma in enumerate(sigmas.tolist()):
+        taps = gaussian_kernel1d(sigma, torch.float64).numpy()
+        ref = correlate1d(correlate1d(images[i].numpy(), taps, axis=2, mode="mirror"), taps, axis=1, mode="mirror")
+        assert np.allclose(out[i].numpy(), ref, rtol=0, atol=1e-12)
+        assert torch.allclose(out[i], gaussian_blur(images[i], sigma), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="one positive"):
+        gaussian_blur_batch(images, sigmas[:3])
+    with pytest.raises(ValueError, match="one positive"):
+        gaussian_blur_batch(images, -sigmas)
+
+
+def test_mixed_kinds_touch_each_image_once_and_keep_the_batch_order():
+    images = torch.randn(40, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    out = RandomDegradation(occlusion_side=(0.5, 0.5))(images, torch.Generator().manual_seed(4))
+    changed = (out != images).flatten(1)
+    assert changed.any(dim=1).all()  # every image degraded
+    occluded = (out == 0).all(dim=1).flatten(1).sum(dim=1) == 64  # an 8x8 square, nothing else changed
+    only_square = changed.sum(dim=1) <= 3 * 64
+    assert (occluded & only_square).any() and (~occluded).any()
+    assert RandomDegradation()(images[:0]).shape == (0, 3, 16, 16)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -26,16 +26,35 @@ def gaussian_kernel1d(sigma: float, dtype=torch.float32, device=None) -> torch.T
 
 def gaussian_blur(image: torch.Tensor, sigma: float) -> torch.Tensor:
     """Separable Gaussian blur of one (C, H, W) image, reflect padding (no dark border)."""
-    c, h, w = image.shape
-    k = gaussian_kernel1d(sigma, image.dtype, image.device)
-    half = len(k) // 2
-    x = image[None]
+    return gaussian_blur_batch(image[None], torch.tensor([float(sigma)], dtype=torch.float64))[0]
+
+
+def gaussian_blur_batch(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    r"""Separable Gaussian blur of each (C, H, W) image of a batch with its own σ (``sigmas``: (B,)).
+
+    Every image gets the taps of :func:`gaussian_kernel1d` for its σ, zero-extended to the widest
+    kernel of the batch, so that one grouped convolution per axis blurs the whole batch (on the
+    batch's device): zero taps read only reflect-padded pixels that the narrower kernel does not
+    reach, so the result equals blurring each image alone. Reflect padding (no dark border);
+    replicate padding when the kernel is wider than the image.
+    """
+    b, c, h, w = images.shape
+    sig = sigmas.to(device=images.device, dtype=torch.float64).reshape(-1)
+    if sig.numel() != b or not bool((sig > 0).all()):
+        raise ValueError(f"sigmas must hold one positive σ per image ({b}), got {tuple(sigmas.shape)}")
+    halves = torch.ceil(3.0 * sig).clamp_min(1)
+    half = int(halves.max())
+    t = torch.arange(-half, half + 1, dtype=torch.float64, device=images.device)
+    taps = torch.exp(-0.5 * (t[None] / sig[:, None]) ** 2) * (t[None].abs() <= halves[:, None])
+    taps = (taps / taps.sum(dim=1, keepdim=True)).to(images.dtype)  # (B, K), per-image normalised
+    weight = taps.repeat_interleave(c, dim=0)  # (B·C, K): one filter per (image, channel) group
+    x = images.reshape(1, b * c, h, w)
     pad_mode = "reflect" if half < min(h, w) else "replicate"
     x = torch.nn.functional.pad(x, (half, half, 0, 0), mode=pad_mode)
-    x = torch.nn.functional.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
+    x = torch.nn.functional.conv2d(x, weight.view(b * c, 1, 1, -1), groups=b * c)
     x = torch.nn.functional.pad(x, (0, 0, half, half), mode=pad_mode)
-    x = torch.nn.functional.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
-    return x[0]
+    x = torch.nn.functional.conv2d(x, weight.view(b * c, 1, -1, 1), groups=b * c)
+    return x.reshape(b, c, h, w)
 
 
 def _check_range(name: str, value, low_ok: float, high_ok: float) -> Tuple[float, float]:
@@ -75,28 +94,57 @@ class RandomDegradation:
         self.occlusion_side = _check_range("occlusion_side", occlusion_side, 1e-6, 1.0)
         self.occlusion_value = float(occlusion_value)
 
-    def _uniform(self, bounds, generator) -> float:
+    @staticmethod
+    def _uniform(bounds, u: torch.Tensor) -> torch.Tensor:
         lo, hi = bounds
-        return lo + (hi - lo) * float(torch.rand((), generator=generator))
+        return lo + (hi - lo) * u
 
     def __call__(self, images: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         if images.ndim != 4:
             raise ValueError(f"RandomDegradation expects a (B, C, H, W) batch, got shape {tuple(images.shape)}")
         out = images.clone()
-        _, _, h, w = images.shape
-        for i in range(len(images)):
-            kind = self.kinds[int(torch.randint(len(self.kinds), (), generator=generator))]
-            if kind == "blur":
-                out[i] = gaussian_blur(images[i], max(1e-3, self._uniform(self.blur_sigma, generator) * min(h, w)))
-            elif kind == "noise":
-                std = self._uniform(self.noise_std, generator)
-                noise = torch.randn(images[i].shape, generator=generator, dtype=images.dtype)
-                out[i] = images[i] + std * noise.to(images.device)
-            else:
-                side = max(1, min(h, w, round(self._uniform(self.occlusion_side, generator) * min(h, w))))
-                y0 = int(torch.randint(h - side + 1, (), generator=generator))
-                x0 = int(torch.randint(w - side + 1, (), generator=generator))
-                out[i, :, y0:y0 + side, x0:x0 + side] = self.occlusion_value
+        b, _, h, w = images.shape
+        if b == 0:
+            return out
+        side_px = min(h, w)
+        # every draw from the CPU generator, a few vectors per batch: the kind, the strength and the
+        # occlusion's corner of each image, and one seed for the noise drawn on the batch's device
+        # (a GPU batch is degraded where it lies, with no per-image loop or host copy)
+        kind = torch.randint(len(self.kinds), (b,), generator=generator)
+        strength = torch.rand(b, generator=generator, dtype=torch.float64)
+        corner = torch.rand(b, 2, generator=generator, dtype=torch.float64)
+        noise_seed = int(torch.randint(2 ** 62, (), generator=generator))
+        names = [self.kinds[i] for i in kind.tolist()]
+
+        blur = torch.tensor([n == "blur" for n in names])
+        if bool(blur.any()):
+            idx = blur.nonzero().squeeze(1)
+            sigmas = (self._uniform(self.blur_sigma, strength[idx]) * side_px).clamp_min(1e-3)
+            out[idx.to(images.device)] = gaussian_blur_batch(images[idx.to(images.device)], sigmas)
+
+        noise = torch.tensor([n == "noise" for n in names])
+        if bool(noise.any()):
+            idx = noise.nonzero().squeeze(1)
+            device_gen = torch.Generator(device=images.device).manual_seed(noise_seed)
+            std = self._uniform(self.noise_std, strength[idx]).to(images.device, images.dtype)
+            eps = torch.randn((len(idx), *images.shape[1:]), generator=device_gen, device=images.device,
+                              dtype=images.dtype)
+            on_device = idx.to(images.device)
+            out[on_device] = images[on_device] + std.view(-1, 1, 1, 1) * eps
+
+        occlusion = torch.tensor([n == "occlusion" for n in names])
+        if bool(occlusion.any()):
+            idx = occlusion.nonzero().squeeze(1)
+            side = torch.round(self._uniform(self.occlusion_side, strength[idx]) * side_px).clamp(1, side_px).long()
+            y0 = torch.minimum((corner[idx, 0] * (h - side + 1)).long(), h - side)
+            x0 = torch.minimum((corner[idx, 1] * (w - side + 1)).long(), w - side)
+            dev = images.device
+            ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
+            y0, x0, side = y0.to(dev), x0.to(dev), side.to(dev)
+            inside = (((ys[None] >= y0[:, None]) & (ys[None] < (y0 + side)[:, None]))[:, :, None]
+                      & ((xs[None] >= x0[:, None]) & (xs[None] < (x0 + side)[:, None]))[:, None, :])
+            on_device = idx.to(dev)
+            out[on_device] = out[on_device].masked_fill(inside[:, None], self.occlusion_value)
         return out
 
     def __repr__(self) -> str:
