@@ -30,7 +30,11 @@ direction from the ``Linear``, the tangent norm from a learned radial confidence
 PML-style L2-normalised head (for the losses that have a spherical form). Losses: ``pce`` =
 Hyp-ViT's pairwise cross-entropy (τ = 0.2), ``uml`` = Hyp-UML's uncertainty-adaptive contrastive
 loss (adaptive τ, its spread per anchor is printed), ``supcon`` = PML's SupConLoss (τ = 0.1, sphere
-only), ``hier`` = Hyp-ViT's loss + the HIER regulariser (if ``HIERLoss`` is available).
+only), ``ms`` = PML's MultiSimilarityLoss + miner (sphere; on the polar head it runs on the cosine of the
+ball points, i.e. of the head's directions), ``hier`` = Hyp-ViT's loss + the HIER regulariser, ``mshier``
+= HIER's own pairing (polar head): MultiSimilarity on the directions + the HIER regulariser on the ball.
+HIER's settings (``HIER_SETTINGS``, ``--hier weight=3,num_proxies=128,positives=labels+mutual_nn``) are
+chosen on the validation columns.
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
 
 HEADS = ("paper", "tanh", "polar", "sphere")
-LOSSES = ("pce", "uml", "hier", "supcon", "ms", "pce+cal", "pce+copies", "pce+cal+copies", "uml+cal+copies",
+LOSSES = ("pce", "uml", "hier", "supcon", "ms", "mshier", "pce+cal", "pce+copies", "pce+cal+copies", "uml+cal+copies",
           "hier+cal+copies")
 
 
@@ -156,7 +160,8 @@ def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
 
 # ----------------------------------------------------------------------------------------- models
 
-HIER_SETTINGS = {"weight": 3.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1}
+HIER_SETTINGS = {"weight": 3.0, "num_proxies": 128, "max_triplets": 2048, "max_proxy_triplets": 1024, "margin": 0.1,
+                 "positives": "labels"}
 
 
 RADIUS_TERMS = ("cal", "copies")
@@ -205,17 +210,24 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
 
             return head, _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1)), None, np.inf
         raise ValueError(f"no spherical form of {loss_name!r}")
-    if loss_name in ("supcon", "ms"):
-        raise ValueError(f"{loss_name} runs on the sphere head only")
+    if loss_name == "supcon" or (loss_name in ("ms", "mshier") and head_name != "polar"):
+        raise ValueError(f"{loss_name} runs on the sphere head (ms, mshier: also the polar head)")
     geometry = PoincareGeometry(c=0.1, clip="tanh" if head_name == "tanh" else "hard", clip_r=2.3)
     head = HyperbolicEmbeddingHead(feature_dim, embedding_dim, c=geometry,
                                    radius="learned" if head_name == "polar" else "norm")
     distance = PoincareDistance(c=geometry)
-    if loss_name == "uml":
+    if loss_name in ("ms", "mshier"):
+        # HIER's own setup: MultiSimilarity on the cosine of the ball points (for the polar head the
+        # cosine of its directions: the radius is left to the regulariser), HIER on the ball
+        from pytorch_metric_learning.losses import MultiSimilarityLoss
+        from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+        loss = _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1))
+    elif loss_name == "uml":
         loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, clip_r=2.3, distance=distance)
     else:
         loss = PairwiseCrossEntropyLoss(temperature=0.2, distance=distance)
-    if loss_name == "hier":
+    if loss_name in ("hier", "mshier"):
         from pml_hyperbolic.losses import HIERLoss
 
         if head_name == "tanh":
@@ -276,7 +288,7 @@ def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, u
     from pml_hyperbolic.data.degradations import RandomDegradation
 
     return degraded_view_features(cfg, RandomDegradation(kinds=kinds),
-                                  f"package-degraded-train-views|{views}|" + ",".join(kinds), views, use_cache)
+                                  f"package-degraded-train-views-batched|{views}|" + ",".join(kinds), views, use_cache)
 
 
 def aligned_views(data, views):
@@ -478,7 +490,8 @@ def main(argv=None):
         key, value = item.split("=")
         if key not in HIER_SETTINGS:
             p.error(f"--hier: unknown setting {key!r} (known: {', '.join(HIER_SETTINGS)})")
-        HIER_SETTINGS[key] = type(HIER_SETTINGS[key])(float(value))
+        kind = type(HIER_SETTINGS[key])
+        HIER_SETTINGS[key] = value if kind is str else kind(float(value))
     cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head")
     t0 = time.perf_counter()
     data = load_data(cfg, use_cache=not a.no_cache)
