@@ -18,7 +18,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = ("hyp_vit", "hyp_mix", "hyp_uml_cars", "unsupervised_hyperbolic", "hcl")
+RECIPES = ("hyp_vit", "hyp_mix", "hyp_uml_cars", "unsupervised_hyperbolic", "hcl", "hier")
 
 
 def measure(cmd, repeats):

@@ -14,7 +14,7 @@ import torch
 from test_recipe_end_to_end import RECIPES, TINY, load_recipe
 
 ALL_RECIPES = (("hyp_vit", "HypViT"), ("hyp_mix", "HypMix"), ("hyp_uml_cars", "HypUML"),
-               ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ("hcl", "HCL"))
+               ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ("hcl", "HCL"), ("hier", "HIER"))
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PML_HYPERBOLIC_")}
 
 

@@ -62,7 +62,7 @@ def test_cuda_requested_but_absent_cli(tmp_path):
 
 def test_help_documents_every_flag():
     for recipe, cls in (("hyp_uml_cars", "HypUML"), ("hyp_vit", "HypViT"), ("hyp_mix", "HypMix"),
-                        ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ("hcl", "HCL")):
+                        ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ("hcl", "HCL"), ("hier", "HIER")):
         parser = getattr(load_recipe(recipe), cls).make_parser()
         text = parser.format_help()
         assert "--config" in text and "--resume" in text

@@ -221,3 +221,48 @@ def test_hyp_vit_with_hier_regulariser(tmp_path):
     optimiser = recipe.trainer.optimizers["metric_loss_optimizer"]
     assert any(p is hier.proxies for group in optimiser.param_groups for p in group["params"])
     assert optimiser.state[hier.proxies]["step"] == 2  # two training steps moved them
+
+
+def test_hier_recipe_multisimilarity_plus_regulariser(tmp_path):
+    from pytorch_metric_learning.losses import MultipleLosses, MultiSimilarityLoss
+    from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+    from pml_hyperbolic.losses import HIERLoss
+
+    instances = []
+    results, out = run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0.5", "--hier-proxies", "16",
+                                                  "--hier-positives", "labels+mutual_nn"], instances=instances)
+    recipe = instances[0]
+    loss = recipe.trainer.loss_funcs["metric_loss"]
+    assert isinstance(loss, MultipleLosses) and list(loss.weights) == [1.0, 0.5]
+    main, hier = loss.losses
+    assert isinstance(main, MultiSimilarityLoss) and isinstance(hier, HIERLoss)
+    # the MultiSimilarity miner serves the main loss only; HIER draws its own triplets
+    assert isinstance(loss.miners[0], MultiSimilarityMiner) and loss.miners[1] is None
+    assert recipe.trainer.mining_funcs == {}
+    assert hier._c is recipe.geometry and hier.positives == "labels+mutual_nn" and hier.proxies.shape == (16, 128)
+    assert results["curvature"] == pytest.approx(0.1)  # evaluated with the Poincaré kNN of the geometry
+    optimiser = recipe.trainer.optimizers["metric_loss_optimizer"]
+    assert optimiser.state[hier.proxies]["step"] == 2
+
+
+def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
+    from pytorch_metric_learning.losses import MultipleLosses
+    from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+    from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
+
+    module = load_recipe("hier")
+    glyphs = module.HIER.parse([])  # the bundled-glyph preset (validation-chosen weight and proxies)
+    assert (glyphs.hier_weight, glyphs.hier_proxies) == (module.GLYPH_HIER["hier_weight"], module.GLYPH_HIER["hier_proxies"])
+    paper = module.HIER.parse(["--dataset", "cub", "--data-root", str(tmp_path)])
+    assert (paper.hier_weight, paper.hier_proxies, paper.backbone) == (1.0, 512, "vit_small_patch16_224")
+    instances = []
+    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0"], instances=instances)
+    assert isinstance(instances[0].trainer.mining_funcs["tuple_miner"], MultiSimilarityMiner)
+    assert not isinstance(instances[0].trainer.loss_funcs["metric_loss"], MultipleLosses)
+    instances = []
+    run("hier", "HIER", tmp_path / "pce", ["--no-plots", "--main-loss", "pce", "--hier-proxies", "8"],
+        instances=instances)
+    main, _ = instances[0].trainer.loss_funcs["metric_loss"].losses
+    assert isinstance(main, PairwiseCrossEntropyLoss) and main.distance._c is instances[0].geometry

@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""HIER (Kim, Jeong, Kwak, CVPR'23, "HIER: Metric Learning Beyond Class Labels via Hierarchical Regularization").
+
+    python recipes/hier.py --dataset cub --data-root /data/CUB_200_2011
+    python recipes/hier.py --dataset cars --data-root /data/cars196 --hier-weight 1
+    python recipes/hier.py --main-loss pce          # Hyp-ViT's pairwise cross-entropy as the main loss
+    python recipes/hier.py                          # bundled glyphs, CPU-sized
+
+An ordinary metric loss plus λ·HIER: learnable hierarchical proxies in the Poincaré ball
+(``pml_hyperbolic.losses.HIERLoss``: the lowest common ancestor of a set of points is the proxy that
+minimises the largest distance to them, picked with a hard Gumbel-softmax; for triplets (i, j, k) with
+i, j of one class and k not, i and j are pulled nearer LCA(i, j) than LCA(i, j, k) and k nearer
+LCA(i, j, k) than LCA(i, j); the proxies get the same loss among themselves). No hierarchy labels
+are needed. The head maps into the ball (c = 0.1, clip 2.3) and Recall@K uses the exact Poincaré kNN.
+
+Main loss (``--main-loss``): ``ms`` (default, HIER's pairing) is PML's MultiSimilarityLoss (α 2, β 50,
+base 0.5) with its miner (ε 0.1) on the cosine of the ball points, i.e. of the head's directions, so
+the radius is shaped by the regulariser alone; ``pce`` is Hyp-ViT's pairwise cross-entropy on the
+Poincaré distance (τ 0.2). With ``ms`` the regulariser drives the radius to the clip (every
+point at one d₀, as in the papers' clipped heads): ``--radial-calibration`` / ``--degraded-copies``
+give the radius a meaning again, at a cost in Recall@1 measured in the README ("Hierarchy: HIER").
+
+Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-ViT's): ViT-S/16,
+128-d head, AdamW lr 3e-5, weight decay 0.01, gradient-norm clip 3; the paper's 512 proxies and
+margin 0.1. On the bundled glyphs the weight and the proxy count are the ones chosen on a validation
+split of the training characters (``python bench/radius.py --heads polar --losses mshier --hier
+weight=...``; see the README).
+"""
+
+from pml_hyperbolic.training.cli import ConfigError, RecipeCommandLine  # torch-free: --help answers at once
+from pml_hyperbolic.training.config import nonnegative_float, positive_float
+from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
+
+MAIN_LOSSES = ("ms", "pce")
+PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}
+GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128}  # chosen on validation characters (docstring)
+
+
+class HIER(RecipeCommandLine):
+    name = "hier"
+    description = __doc__
+    real_dataset = "cub200"
+    paper_presets = {name: {**preset, **PAPER_HIER} for name, preset in HYP_VIT_PRESETS.items()}
+    glyph_preset = {**RecipeCommandLine.glyph_preset, **GLYPH_HIER}
+
+    @classmethod
+    def add_arguments(cls, parser):
+        g = parser.add_argument_group("HIER")
+        g.add_argument("--main-loss", default="ms", choices=MAIN_LOSSES,
+                       help="'ms': MultiSimilarity + miner on the cosine of the ball points (HIER's pairing); "
+                            "'pce': Hyp-ViT's pairwise cross-entropy on the Poincaré distance.")
+        g.add_argument("--hier-weight", type=nonnegative_float, default=PAPER_HIER["hier_weight"],
+                       help="λ, the regulariser's weight (0 = the main loss alone).")
+        g.add_argument("--hier-proxies", type=int, default=PAPER_HIER["hier_proxies"],
+                       help="Number of learnable hierarchical proxies.")
+        g.add_argument("--hier-margin", type=nonnegative_float, default=0.1, help="HIER's margin δ.")
+        g.add_argument("--hier-positives", default="labels", choices=["labels", "labels+mutual_nn"],
+                       help="Pairs (i, j) of the triplets: same label, or also mutual nearest neighbours.")
+        g.add_argument("--temperature", type=positive_float, default=0.2, help="τ of --main-loss pce.")
+
+    @classmethod
+    def preflight(cls, args):
+        super().preflight(args)
+        if args.hier_proxies < 1:
+            raise ConfigError(f"--hier-proxies must be >= 1, got {args.hier_proxies}")
+
+    def build_loss(self):
+        from pytorch_metric_learning.losses import MultipleLosses
+
+        from pml_hyperbolic.losses import HIERLoss
+
+        a = self.args
+        if a.main_loss == "ms":
+            from pytorch_metric_learning.losses import MultiSimilarityLoss
+            from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+            main, miner = MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1)
+        else:
+            from pml_hyperbolic.distances import PoincareDistance
+            from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
+
+            main, miner = PairwiseCrossEntropyLoss(temperature=a.temperature, distance=PoincareDistance(c=self.geometry)), None
+        if not a.hier_weight:
+            return main  # its miner, if any, comes from build_miner
+        hier = HIERLoss(embedding_size=a.embedding_dim, num_proxies=a.hier_proxies, margin=a.hier_margin,
+                        positives=a.hier_positives, c=self.geometry)
+        # the miner belongs to the main loss only (HIER draws its own triplets): MultipleLosses applies it there
+        return MultipleLosses([main, hier], miners=[miner, None], weights=[1.0, a.hier_weight])
+
+    def build_miner(self):
+        if self.args.main_loss != "ms" or self.args.hier_weight:
+            return None
+        from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+        return MultiSimilarityMiner(epsilon=0.1)
+
+
+if __name__ == "__main__":
+    HIER.main()
