@@ -92,6 +92,7 @@ def build_rows():
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
+        Row("hier_ms", "HIER: MultiSimilarity + 0.3·HIER (128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2"]),
         Row("hypmix_learn", "HypMix, learnable λ (init 3)", ("hyp_mix", "HypMix"),
@@ -166,14 +167,45 @@ def hcl_bank_for(cfg, bank, log=print):
 # ------------------------------------------------------------------------------------- running
 
 
-def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
+HIERARCHY_KEYS = ("parent_r1", "spearman", "auroc_fail", "d0_med", "at_clip")
+HIERARCHY_NAMES = {"parent_r1": "parent R@1", "spearman": "Spearman", "auroc_fail": "AUROC fail",
+                   "d0_med": "d₀ median", "at_clip": "at clip"}
+
+
+def glyph_parents():
+    """(query, gallery) radical labels of the bundled glyphs' test splits (the hierarchy's parent level)."""
+    from pml_hyperbolic.data import GlyphDataset
+
+    return (torch.as_tensor(GlyphDataset("query").super_labels), torch.as_tensor(GlyphDataset("gallery").super_labels))
+
+
+def hierarchy_metrics(q, ql, g, gl, c, max_d0, parents):
+    """``bench/radius.py``'s columns for one evaluation: parent R@1, Spearman(distance, tree distance),
+    and for a hyperbolic head the failure AUROC of −d₀, the median d₀ and the fraction at the clip."""
+    from radius import radius_metrics
+
+    q_parent, g_parent = parents
+    if len(q_parent) != len(ql) or len(g_parent) != len(gl):
+        raise RuntimeError("cached bank does not match the bundled glyph splits; rerun with --no-cache")
+    out = radius_metrics(q.float(), torch.as_tensor(ql), g.float(), torch.as_tensor(gl), c, max_d0, q_parent, g_parent)
+    keep = {"parent_r1": out["parent_r1"], "spearman": out["spearman"]}
+    if c is not None:
+        keep.update(auroc_fail=out["auroc_fail"], d0_med=float(out["d0_med"]), at_clip=out["at_clip"])
+    return keep
+
+
+def run_row(row, cfg, bank, seed, hcl_bank=None, log=print, parents=None):
     """Train one row with one seed through its recipe (``_recipe_rows``); return its metrics on the
-    held-out classes (+ extras)."""
+    held-out classes (+ extras). ``parents``: (query, gallery) parent labels, for the hierarchy columns."""
     torch.manual_seed(seed)
     np.random.seed(seed)
     extra = {}
     if row.kind == "raw":
-        return qc.evaluate(bank.tail, None, bank.query, bank.gallery, c=None), extra
+        metrics = qc.evaluate(bank.tail, None, bank.query, bank.gallery, c=None)
+        if parents is not None:
+            q, g = qc.embed(bank.tail, None, bank.query.acts), qc.embed(bank.tail, None, bank.gallery.acts)
+            metrics.update(hierarchy_metrics(q, bank.query.labels, g, bank.gallery.labels, None, np.inf, parents))
+        return metrics, extra
     argv = list(row.argv)
     train_set = None
     if row.kind == "hcl":
@@ -187,6 +219,12 @@ def run_row(row, cfg, bank, seed, hcl_bank=None, log=print):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the literal Hyp-UML mode warns on every call, by design
         metrics, recipe = rr.run_recipe_row(recipe_class(row), bank, cfg, seed, argv, train_set=train_set)
+    if parents is not None:
+        captured = recipe.evaluator.last_embeddings
+        c = recipe.eval_curvature()
+        geometry = getattr(recipe, "geometry", None)
+        max_d0 = float(geometry.max_dist0()) if c is not None and geometry is not None else np.inf
+        metrics.update(hierarchy_metrics(captured[0], captured[1], captured[2], captured[3], c, max_d0, parents))
     loss = recipe.trainer.loss_funcs.get("metric_loss")
     lam = getattr(getattr(loss, "distance", None), "lam", None)
     if row.key == "hypmix_learn" and lam is not None:
@@ -212,6 +250,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
         log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
             f"(build took {bank.build_seconds:.0f} s; this run {time.perf_counter() - t0:.0f} s). {bank.note}")
         hcl_bank = None
+        parents = glyph_parents() if name == "glyphs" else None
         ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
         for key in rows:
             row = ROWS[key]
@@ -224,7 +263,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
             seeds = [cfg.seeds[0]] if row.kind == "raw" else list(cfg.seeds)
             for seed in seeds:
                 ts = time.perf_counter()
-                metrics, extra = run_row(row, cfg, bank, seed, hcl_bank=hcl_bank, log=log)
+                metrics, extra = run_row(row, cfg, bank, seed, hcl_bank=hcl_bank, log=log, parents=parents)
                 per_seed.append(metrics)
                 extras.append(extra)
                 log(f"  {name:13s} {key:15s} seed {seed}: R@1 {100 * metrics['recall_at_1']:5.1f}  "
@@ -240,13 +279,25 @@ def markdown_table(results):
     lines = []
     for name, ds in results["datasets"].items():
         lines.append(f"\n**{name}** — {ds['note']}\n")
-        lines.append("| method | " + " | ".join(qc.METRIC_NAMES[k] for k in qc.METRIC_KEYS) + " | s/seed |")
-        lines.append("|---|" + "---:|" * (len(qc.METRIC_KEYS) + 1))
+        hier = [k for k in HIERARCHY_KEYS if any(k in m for r in ds["rows"].values() for m in r.get("per_seed", []))]
+        lines.append("| method | " + " | ".join([qc.METRIC_NAMES[k] for k in qc.METRIC_KEYS]
+                                              + [HIERARCHY_NAMES[k] for k in hier]) + " | s/seed |")
+        lines.append("|---|" + "---:|" * (len(qc.METRIC_KEYS) + len(hier) + 1))
         for key, r in ds["rows"].items():
             if "skipped" in r:
-                lines.append(f"| {r['label']} | " + " | ".join("—" for _ in qc.METRIC_KEYS) + f" | {r['skipped']} |")
+                lines.append(f"| {r['label']} | " + " | ".join("—" for _ in qc.METRIC_KEYS + tuple(hier))
+                             + f" | {r['skipped']} |")
                 continue
             cells = [qc.fmt_cell([m[k] for m in r["per_seed"]]) for k in qc.METRIC_KEYS]
+            for k in hier:
+                values = [m[k] for m in r["per_seed"] if k in m]
+                if not values:
+                    cells.append("—")
+                elif k in ("parent_r1", "at_clip"):
+                    cells.append(qc.fmt_cell(values))
+                else:
+                    digits = 2 if k == "d0_med" else 3
+                    cells.append(f"{np.mean(values):.{digits}f}" + (f" ± {np.std(values):.{digits}f}" if len(values) > 1 else ""))
             label = r["label"]
             lams = [e["final_lambda"] for e in r["extras"] if "final_lambda" in e]
             if lams:
