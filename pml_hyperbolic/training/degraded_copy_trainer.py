@@ -16,6 +16,7 @@ import math
 from typing import Callable, Optional
 
 import torch
+from pytorch_metric_learning.utils import common_functions as c_f
 
 from .trainer import HyperbolicTrainer
 
@@ -69,6 +70,9 @@ class DegradedCopyTrainer(HyperbolicTrainer):
                              f"{type(data).__name__} {tuple(getattr(data, 'shape', ()))}")
         batch = len(data)
         rows = self.copy_indices(batch)
+        # degrade where the model runs: a loader's batch arrives on the host, and blurring it there
+        # would cost a GPU step more than the trunk's pass over the copies (bench/gpu_step.py --batch-on-host)
+        data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
         copies = self.degradation(data[rows.to(data.device)])
         embeddings = self.compute_embeddings(torch.cat([data, copies.to(data.dtype)]))
         clean, degraded = embeddings[:batch], embeddings[batch:]
