@@ -25,7 +25,8 @@ Rows (``--rows``):
 * ``hyp_uml_paper`` the same recipe with ``--head-radius norm --radial-calibration 0 --degraded-copies 0``
                     (the paper's own step, to separate the cost of the two extra terms);
 * ``hyp_vit``       ``recipes/hyp_vit.py``: Poincare head, pairwise cross-entropy (tau = 0.2);
-* ``hyp_mix``       ``recipes/hyp_mix.py``: spherical head, HypMix's mixed cross-entropy.
+* ``hyp_mix``       ``recipes/hyp_mix.py``: spherical head, HypMix's mixed cross-entropy;
+* ``hier``          ``recipes/hier.py``: polar head, MultiSimilarity + miner + 1·HIER (512 proxies).
 
 Every component comes from the recipes' own code: the recipe class is loaded from its script, its
 arguments parsed by its own parser with its paper preset, then ``setup_model`` (backbone, geometry,
@@ -57,7 +58,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:  # run as `python bench/gpu_step.py` from a checkout that is not pip-installed
     sys.path.insert(0, ROOT)
 
-ROW_NAMES = ("baseline", "hyp_uml", "hyp_uml_paper", "hyp_vit", "hyp_mix")
+ROW_NAMES = ("baseline", "hyp_uml", "hyp_uml_paper", "hyp_vit", "hyp_mix", "hier")
 DEFAULT_ROWS = ROW_NAMES
 VIT_DATASETS = ("cars196", "cub200", "sop", "inshop")
 
@@ -68,6 +69,7 @@ RECIPE_ROWS = {
                       ["--head-radius", "norm", "--radial-calibration", "0", "--degraded-copies", "0"]),
     "hyp_vit": ("hyp_vit", "HypViT", None, []),
     "hyp_mix": ("hyp_mix", "HypMix", None, []),
+    "hier": ("hier", "HIER", None, []),
 }
 # Settings a baseline copies from the row it is compared with (everything its step depends on).
 BASELINE_KEYS = ("backbone", "image_size", "batch_size", "samples_per_class", "embedding_dim", "lr", "head_lr",

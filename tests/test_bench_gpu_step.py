@@ -84,7 +84,8 @@ def test_paper_settings(gpu_step):
     294 = 98 x 3 for Hyp-UML on Cars196 and 882 = 98 x 9 for Hyp-ViT / HypMix; the baseline copies them."""
     opts = gpu_step.parse_arguments([])
     assert opts.device == "cuda" and opts.steps == 20 and opts.warmup == 5
-    expected = {"hyp_uml": (294, 3), "hyp_uml_paper": (294, 3), "hyp_vit": (882, 9), "hyp_mix": (882, 9)}
+    expected = {"hyp_uml": (294, 3), "hyp_uml_paper": (294, 3), "hyp_vit": (882, 9), "hyp_mix": (882, 9),
+                "hier": (882, 9)}
     for name, (batch, per_class) in expected.items():
         _, args, notes = gpu_step.parse_row(name, opts)
         assert (args.batch_size, args.samples_per_class) == (batch, per_class) and notes == []
