@@ -23,7 +23,8 @@ import time
 
 import torch
 
-__all__ = ["limited_threads", "uncontended_threads", "runnable_elsewhere", "default_threads", "usable_cores"]
+__all__ = ["limited_threads", "uncontended_threads", "runnable_elsewhere", "default_threads", "run_threads",
+           "usable_cores"]
 
 
 def _check_count(n, name: str) -> int:
@@ -165,3 +166,23 @@ def default_threads(load: float | None = None, cores: int | None = None) -> int:
     if isinstance(load, bool) or not isinstance(load, numbers.Real) or not math.isfinite(load) or load < 0:
         raise ValueError(f"load must be a finite number >= 0 (a load average), got {load!r}")
     return max(1, min(cores, int(math.floor(cores - float(load) + 0.5))))
+
+
+def run_threads(cores: int | None = None) -> int:
+    r"""The thread count of a recipe's ``--threads auto``, read before each phase of a run:
+
+    .. math:: \min\big(\text{default\_threads}(),\ \max(1,\ \text{cores} - \text{runnable elsewhere now})\big)
+
+    The 1-minute load average (:func:`default_threads`) remembers a competitor that just paused; the
+    run queue (:func:`runnable_elsewhere`) sees one that started a second ago. Why both: with one
+    other busy process on a 2-core machine, PyTorch's default of a thread per core made the main job
+    25x slower (427 s instead of 17 s wall: every small op's barrier waits for a descheduled thread),
+    while one thread loses at most half the speed on an idle machine. ``PML_HYPERBOLIC_THREADS``
+    overrides the policy, as in :func:`default_threads`."""
+    env = os.environ.get("PML_HYPERBOLIC_THREADS")
+    if env is not None and env.strip():
+        return default_threads()
+    cores = usable_cores() if cores is None else _check_count(cores, "cores")
+    others = runnable_elsewhere()
+    now = cores if others is None else max(1, cores - others)
+    return max(1, min(default_threads(cores=cores), now))

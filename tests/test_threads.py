@@ -118,3 +118,45 @@ def test_default_threads_environment_and_bad_arguments(monkeypatch):
             default_threads(load=bad, cores=2)
     with pytest.raises(ValueError, match="cores"):
         default_threads(load=0.0, cores=0)
+
+
+def test_run_threads_takes_the_fewer_of_load_average_and_run_queue(monkeypatch):
+    monkeypatch.delenv("PML_HYPERBOLIC_THREADS", raising=False)
+    monkeypatch.setattr(T.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: 0)
+    assert T.run_threads(cores=4) == 4  # idle machine: every core
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: 1)
+    assert T.run_threads(cores=2) == 1  # one busy process now: the other core only
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: 9)
+    assert T.run_threads(cores=2) == 1  # never below 1
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: 0)
+    monkeypatch.setattr(T.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    assert T.run_threads(cores=4) == 1  # a competitor that just paused still counts
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda: None)  # no run queue figure: the load average
+    monkeypatch.setattr(T.os, "getloadavg", lambda: (1.0, 0.0, 0.0))
+    assert T.run_threads(cores=4) == 3
+    monkeypatch.setenv("PML_HYPERBOLIC_THREADS", "5")
+    assert T.run_threads(cores=2) == 5
+    monkeypatch.delenv("PML_HYPERBOLIC_THREADS")
+    with pytest.raises(ValueError, match="cores"):
+        T.run_threads(cores=0)
+
+
+def test_recipe_auto_threads_follow_run_threads(monkeypatch):
+    import argparse
+
+    from pml_hyperbolic.training import runner
+
+    monkeypatch.setattr(T, "run_threads", lambda cores=None: 1)
+    before = torch.get_num_threads()
+    recipe = object.__new__(runner.Recipe)
+    try:
+        recipe.args = argparse.Namespace(threads="auto")
+        recipe.pick_threads()
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        recipe.args = argparse.Namespace(threads=2)  # an explicit count is left alone
+        recipe.pick_threads()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -83,7 +83,7 @@ def curvature_arg(value):
 
 
 def threads_arg(value):
-    """``--threads``: 'auto' (PyTorch's own default) or a whole number >= 1."""
+    """``--threads``: 'auto' (the idle cores, ``threads.run_threads``) or a whole number >= 1."""
     text = str(value).strip().lower()
     if text == "auto":
         return "auto"
@@ -92,7 +92,7 @@ def threads_arg(value):
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be 'auto' or a whole number >= 1, got {value!r}")
     if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'auto' for PyTorch's default), got {number}")
+        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'auto' for the cores left idle), got {number}")
     return number
 
 
@@ -242,8 +242,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                    help="Start afresh in an --output-dir that holds a previous run: its checkpoints, logs, results "
                         "and plots are deleted first (without this flag such a folder is refused).")
     g.add_argument("--threads", type=threads_arg, default="auto", metavar="N",
-                   help="CPU threads of PyTorch's operators (torch.set_num_threads); 'auto' leaves PyTorch's "
-                        "default (one per core). Use 1 when several runs share the machine.")
+                   help="CPU threads of PyTorch's operators (torch.set_num_threads); 'auto': the cores that other "
+                        "processes leave idle (1-minute load average and run queue), read again before each phase "
+                        "(PML_HYPERBOLIC_THREADS=N overrides it).")
     g.add_argument("--stop-after-epoch", type=optional_int, default=None,
                    help="Stop (as if interrupted) after this epoch's checkpoint; resume later with --resume.")
     g.add_argument("--no-plots", action="store_true", help="Skip the Poincaré-disk and uncertainty plots.")

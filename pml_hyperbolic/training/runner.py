@@ -425,6 +425,7 @@ class Recipe(RecipeCommandLine):
             os.environ["TQDM_DISABLE"] = "1"  # also silences PML's tester bars
         if getattr(a, "threads", "auto") != "auto":
             torch.set_num_threads(int(a.threads))
+        self.pick_threads()
         self.phase_seconds: Dict[str, float] = {}
         try:
             self.device = select_device(a.device)
@@ -441,6 +442,18 @@ class Recipe(RecipeCommandLine):
         finally:
             gc.unfreeze()  # collectable again: several runs in one process (tests) leak nothing
             cleanup(self.ctx)
+
+    def pick_threads(self) -> None:
+        """``--threads auto``: the cores other processes leave idle now (``threads.run_threads``), read
+        again before each phase (evaluation, training), so that a run sharing the machine does not
+        spin on barriers waiting for a thread the OS has descheduled."""
+        if getattr(self.args, "threads", "auto") != "auto":
+            return
+        from ..threads import run_threads
+
+        wanted = run_threads()
+        if wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)
 
     def _timed(self, phase: str, started: float) -> None:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.time() - started
@@ -537,6 +550,7 @@ class Recipe(RecipeCommandLine):
             started = time.time()
             if self.ctx.is_main:
                 self.status("evaluating before training ...")
+                self.pick_threads()
                 before = evaluator(self.trunk, self.head, 0)
                 self.say(f"before training  {format_recall(before, a.k_values)}")
                 run_logger.write_json("before.json", before)
@@ -544,6 +558,7 @@ class Recipe(RecipeCommandLine):
             self._timed("eval before", started)
 
         started = time.time()
+        self.pick_threads()
         trainer.train(start_epoch=start_epoch, num_epochs=a.epochs)
         self._timed("training", started)
 
@@ -555,6 +570,7 @@ class Recipe(RecipeCommandLine):
                 after = {k: v for k, v in hook.history[-1].items() if k.startswith("recall_at_")}
             else:
                 self.status("evaluating after training ...")
+                self.pick_threads()
                 after = evaluator(self.trunk, self.head, trainer.global_step)
                 self._timed("eval after", started)
             self.say(f"after training   {format_recall(after, a.k_values)}")
