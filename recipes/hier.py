@@ -22,7 +22,7 @@ give the radius a meaning again, at a cost in Recall@1 measured in the README ("
 
 Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-ViT's): ViT-S/16,
 128-d head, AdamW lr 3e-5, weight decay 0.01, gradient-norm clip 3; the paper's 512 proxies and
-margin 0.1. On the bundled glyphs the weight and the proxy count are the ones chosen on a validation
+margin 0.1, and λ = 1 (choose it on a validation split of your training classes). On the bundled glyphs the weight and the proxy count are the ones chosen on a validation
 split of the training characters (``python bench/radius.py --heads polar --losses mshier --hier
 weight=...``; see the README).
 """
@@ -32,7 +32,7 @@ from pml_hyperbolic.training.config import nonnegative_float, positive_float
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 MAIN_LOSSES = ("ms", "pce")
-PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}
+PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}  # the paper's proxy count; λ 1 as a starting point
 GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128}  # chosen on validation characters (docstring)
 
 
