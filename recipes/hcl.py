@@ -11,12 +11,28 @@ queue of object keys; logits −d_Poincaré/T with c = 0.05, T = 0.2, no feature
 bundled data, scenes are made by pasting several glyph "objects" onto one canvas, so every object
 crop lies inside its scene. Recall@K of the (Euclidean) features on the glyph query/gallery split
 is reported as a quick sanity check (the paper evaluates by linear probing).
+
+Bundled-glyph defaults (issue 13 item 4, "no method below its starting point"): with the paper's
+weight 0.1 and the bench's trunk lr 3e-4, HCL scored below the untrained features it starts from
+on the held-out characters. The glyph preset's trunk learning rate and hyperbolic weight were
+therefore chosen on a validation split of the TRAINING characters (32 of 160, never the test
+characters) by ``python bench/hcl_validation.py --threads 1 --lrs 1e-4,3e-5 --weights 0.1,1 --seeds 0
+--confirm-seeds 0,1,2 --top 1``: trunk ``--lr 1e-4`` (was 3e-4) with the paper's weight 0.1 reached
+validation R@1 30.7 ± 3.1 over seeds 0-2 vs 30.2 for the untrained features (level within noise; on
+seed 0 it was the best cell, 33.9, ahead of lr 3e-5: 30.7 and weight 1: 27.6 / 29.2; the old lr 3e-4
+gave 31.2 on seed 0 with ``--lrs 3e-4 --weights 0.1 --seeds 0 --confirm-seeds 0``). A smaller trunk
+step moves the pretrained representation less; a larger hyperbolic weight pulled it below its start.
+The paper's weight is the glyph default too (``--hyperbolic-weight`` sets it); ``--lr 3e-4`` restores
+the old trunk rate; ``--annotations`` (COCO-style data) keeps the paper's values (lr 0.03, weight 0.1).
+The glyph preset still freezes the trunk (a CPU demo); ``--freeze-trunk false`` trains it at that lr.
 """
 import math
 import os
 
 
 from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeCommandLine  # torch-free
+from pml_hyperbolic.training.presets import (HCL_GLYPH_CHOICE_COMMAND, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # torch-free
+                                             HCL_GLYPH_TRUNK_LR, HCL_PAPER_HYPERBOLIC_WEIGHT)
 BUNDLED_GLYPH_SIDE = 40  # pixels of a bundled glyph image (pml_hyperbolic/data/cjk_glyphs.npz); scenes tile them
 
 
@@ -27,7 +43,9 @@ class HCL(RecipeCommandLine):
     evaluate_head = False        # MoCo / HCL score the backbone's representation; the MLP serves the losses
     real_dataset = "glyphs"
     trainer_class = ImportedOnUse("pml_hyperbolic.training.hcl_trainer", "HCLTrainer")
-    glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1, "lr": 3e-4,
+    # lr (the trunk's) and hyperbolic_weight: chosen on validation characters, see the docstring
+    glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1,
+                    "lr": HCL_GLYPH_TRUNK_LR, "hyperbolic_weight": HCL_GLYPH_HYPERBOLIC_WEIGHT,
                     "head_lr": 3e-3, "grad_clip": None, "k_values": [1, 2, 4, 8]}
     paper_presets = {}
 
@@ -39,7 +57,11 @@ class HCL(RecipeCommandLine):
         g.add_argument("--images-dir", default=None, metavar="DIR", help="Image folder of --annotations.")
         g.add_argument("--ball-curvature", type=float, default=0.05, help="c of the hyperbolic branch.")
         g.add_argument("--temperature", type=float, default=0.2, help="T of both contrastive losses.")
-        g.add_argument("--hyperbolic-weight", type=float, default=0.1, help="Weight of the hyperbolic loss.")
+        g.add_argument("--hyperbolic-weight", type=float, default=HCL_PAPER_HYPERBOLIC_WEIGHT,
+                       help=f"Weight of the hyperbolic loss (the paper's {HCL_PAPER_HYPERBOLIC_WEIGHT:g}, also the "
+                            f"default with --annotations; bundled glyphs: {HCL_GLYPH_HYPERBOLIC_WEIGHT:g} with trunk "
+                            f"--lr {HCL_GLYPH_TRUNK_LR:g}, chosen on validation characters by "
+                            f"`{HCL_GLYPH_CHOICE_COMMAND}`).")
         g.add_argument("--momentum", type=float, default=0.999, help="Momentum of the key encoder.")
         g.add_argument("--queue-size", type=int, default=65536, help="Length of both key queues.")
         g.add_argument("--canvas-size", type=int, default=112, help="Bundled scenes: canvas side in pixels.")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pml_hyperbolic.training.checkpoint import read_checkpoint
+from pml_hyperbolic.training.presets import HCL_GLYPH_HYPERBOLIC_WEIGHT
 
 RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
 
@@ -172,12 +173,13 @@ def test_hcl_composed_scenes(tmp_path, monkeypatch):
     q = recipe.evaluator.last_embeddings[0]
     assert q.shape[1] == recipe.feature_dim != recipe.args.embedding_dim
     assert len(raw) == len(weighted) == 2
+    weight = HCL_GLYPH_HYPERBOLIC_WEIGHT  # the glyph preset's (chosen on validation, see recipes/hcl.py)
     for r, w in zip(raw, weighted):
         assert r["hyperbolic_loss"] > 0.0  # otherwise its weight would not show in the total
-        assert w["hyperbolic_loss"] == pytest.approx(0.1 * r["hyperbolic_loss"], rel=1e-6)
-        assert w["total_loss"] == pytest.approx(r["metric_loss"] + 0.1 * r["hyperbolic_loss"], rel=1e-6)
+        assert w["hyperbolic_loss"] == pytest.approx(weight * r["hyperbolic_loss"], rel=1e-6)
+        assert w["total_loss"] == pytest.approx(r["metric_loss"] + weight * r["hyperbolic_loss"], rel=1e-6)
     config = json.loads((out / "config.json").read_text())
-    assert config["queue_size"] == 24 and config["hyperbolic_weight"] == 0.1
+    assert config["queue_size"] == 24 and config["hyperbolic_weight"] == weight
 
 
 def test_curvature_auto_and_plots(tmp_path, capsys, monkeypatch):
