@@ -24,7 +24,7 @@ Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-V
 128-d head, AdamW lr 3e-5, weight decay 0.01, gradient-norm clip 3; the paper's 512 proxies and
 margin 0.1, and λ = 1 (choose it on a validation split of your training classes). On the bundled glyphs the weight and the proxy count are the ones chosen on a validation
 split of the training characters (``python bench/radius.py --heads polar --losses mshier --hier
-weight=...``; see the README).
+ms_weight=...``; see the README).
 """
 
 from pml_hyperbolic.training.cli import ConfigError, RecipeCommandLine  # torch-free: --help answers at once
