@@ -22,9 +22,10 @@ give the radius a meaning again, at a cost in Recall@1 measured in the README ("
 
 Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-ViT's): ViT-S/16,
 128-d head, AdamW lr 3e-5, weight decay 0.01, gradient-norm clip 3; the paper's 512 proxies and
-margin 0.1, and λ = 1 (choose it on a validation split of your training classes). On the bundled glyphs the weight and the proxy count are the ones chosen on a validation
-split of the training characters (``python bench/radius.py --heads polar --losses mshier --hier
-ms_weight=...``; see the README).
+margin 0.1, and λ = 1 (choose it on a validation split of your training classes). On the bundled
+glyphs the weight (0.3) and the proxy count (128) are the ones chosen on a validation split of the
+training characters (``python bench/radius.py --heads polar --losses mshier --hier ms_weight=...``;
+see the README).
 """
 
 from pml_hyperbolic.training.cli import ConfigError, RecipeCommandLine  # torch-free: --help answers at once
