@@ -297,7 +297,8 @@ def markdown_table(results):
                     cells.append(qc.fmt_cell(values))
                 else:
                     digits = 2 if k == "d0_med" else 3
-                    cells.append(f"{np.mean(values):.{digits}f}" + (f" ± {np.std(values):.{digits}f}" if len(values) > 1 else ""))
+                    spread = f" ± {np.std(values):.{digits}f}" if len(values) > 1 else ""
+                    cells.append(f"{np.mean(values):.{digits}f}{spread}")
             label = r["label"]
             lams = [e["final_lambda"] for e in r["extras"] if "final_lambda" in e]
             if lams:

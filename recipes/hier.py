@@ -80,7 +80,8 @@ class HIER(RecipeCommandLine):
             from pml_hyperbolic.distances import PoincareDistance
             from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
 
-            main, miner = PairwiseCrossEntropyLoss(temperature=a.temperature, distance=PoincareDistance(c=self.geometry)), None
+            distance = PoincareDistance(c=self.geometry)
+            main, miner = PairwiseCrossEntropyLoss(temperature=a.temperature, distance=distance), None
         if not a.hier_weight:
             return main  # its miner, if any, comes from build_miner
         hier = HIERLoss(embedding_size=a.embedding_dim, num_proxies=a.hier_proxies, margin=a.hier_margin,
