@@ -169,7 +169,7 @@ def hcl_bank_for(cfg, bank, log=print):
 
 HIERARCHY_KEYS = ("parent_r1", "spearman", "auroc_fail", "d0_med", "at_clip")
 HIERARCHY_NAMES = {"parent_r1": "parent R@1", "spearman": "Spearman", "auroc_fail": "AUROC fail",
-                   "d0_med": "d₀ median", "at_clip": "at clip"}
+                   "d0_med": "d₀ median", "at_clip": "% at clip"}
 
 
 def glyph_parents():
