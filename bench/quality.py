@@ -172,11 +172,24 @@ HIERARCHY_NAMES = {"parent_r1": "parent R@1", "spearman": "Spearman", "auroc_fai
                    "d0_med": "d₀ median", "at_clip": "% at clip"}
 
 
-def glyph_parents():
-    """(query, gallery) radical labels of the bundled glyphs' test splits (the hierarchy's parent level)."""
+def glyph_parents(bank):
+    """(query, gallery) radical labels of the bank's glyph test splits (the hierarchy's parent level),
+    aligned to the bank's rows (a ``max_classes`` bank keeps some classes, in order); None when the
+    bank's rows are not those of the bundled glyphs (the hierarchy columns are then left out)."""
     from pml_hyperbolic.data import GlyphDataset
 
-    return (torch.as_tensor(GlyphDataset("query").super_labels), torch.as_tensor(GlyphDataset("gallery").super_labels))
+    out = []
+    for name, split in (("query", bank.query), ("gallery", bank.gallery)):
+        if split is None:
+            return None
+        data = GlyphDataset(name)
+        labels, parents = np.asarray(data.labels), np.asarray(data.super_labels)
+        mine = split.labels.numpy()
+        keep = np.isin(labels, np.unique(mine))
+        if keep.sum() != len(mine) or not np.array_equal(labels[keep], mine):
+            return None
+        out.append(torch.as_tensor(parents[keep]))
+    return tuple(out)
 
 
 def hierarchy_metrics(q, ql, g, gl, c, max_d0, parents):
@@ -250,7 +263,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
         log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
             f"(build took {bank.build_seconds:.0f} s; this run {time.perf_counter() - t0:.0f} s). {bank.note}")
         hcl_bank = None
-        parents = glyph_parents() if name == "glyphs" else None
+        parents = glyph_parents(bank) if name == "glyphs" else None
         ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
         for key in rows:
             row = ROWS[key]

@@ -119,6 +119,35 @@ def test_quality_table_and_json_shape(tiny, monkeypatch):
     assert list(res["datasets"]) == ["glyphs"] and "Fashion-MNIST skipped" in res["notes"][0]
     text = quality.markdown_table(res)
     assert "| Hyp-ViT pairwise CE (c=0.1, τ=0.2) |" in text and "MAP@R" in text
+    # the hierarchy columns: parents aligned to the bank's class subset; the uncertainty ones for the ball only
+    assert "parent R@1" in text and "Spearman" in text and "AUROC fail" in text
+    raw, hyp = (res["datasets"]["glyphs"]["rows"][k]["per_seed"][0] for k in ("raw", "hypvit"))
+    for m in (raw, hyp):
+        assert 0.0 <= m["parent_r1"] <= 1.0 and -1.0 <= m["spearman"] <= 1.0
+        assert m["parent_r1"] >= m["recall_at_1"]  # the top-1's class fixes its radical
+    assert "auroc_fail" not in raw and 0.0 <= hyp["auroc_fail"] <= 1.0 and 0.0 <= hyp["at_clip"] <= 1.0
+
+
+def test_hierarchy_metrics_reference_values():
+    # two characters under radical 0, one under radical 1; queries sit on their gallery twins except the
+    # last, whose nearest neighbour is its radical sibling: parent R@1 = 1, R@1 = 2/3
+    import torch
+
+    g = torch.tensor([[1.0, 0.0], [0.8, 0.6], [-1.0, 0.0]])
+    gl, g_parent = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
+    q, ql = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.9, 0.1]]), torch.tensor([0, 2, 1])
+    out = quality.hierarchy_metrics(q, ql, g, gl, None, float("inf"), (torch.tensor([0, 1, 0]), g_parent))
+    assert out["parent_r1"] == pytest.approx(1.0) and set(out) == {"parent_r1", "spearman"}
+    # Spearman of cosine distance vs tree distance (0 same class, 1 same radical, 2 other), by hand:
+    # scipy.stats.spearmanr(d.ravel(), tree.ravel()) over the 9 pairs
+    from scipy.stats import spearmanr
+
+    qn, gn = torch.nn.functional.normalize(q, dim=1), torch.nn.functional.normalize(g, dim=1)
+    d = (1 - qn @ gn.T).numpy()
+    tree = np.where(ql[:, None] == gl[None], 0, np.where(torch.tensor([0, 1, 0])[:, None] == g_parent[None], 1, 2))
+    assert out["spearman"] == pytest.approx(spearmanr(d.ravel(), tree.ravel()).statistic, abs=1e-9)
+    with pytest.raises(RuntimeError, match="does not match"):
+        quality.hierarchy_metrics(q, ql, g, gl, None, float("inf"), (torch.tensor([0, 1]), g_parent))
 
 
 def test_bad_arguments():
