@@ -82,6 +82,7 @@ class Row:
 
 
 def build_rows():
+    from pml_hyperbolic.training.presets import HCL_GLYPH_TRUNK_LR
     uml = ("hyp_uml_cars", "HypUML")
     NO_COPIES = ["--degraded-copies", "0"]
     rows = [
@@ -110,9 +111,11 @@ def build_rows():
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
         Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss", "baseline",
             ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),
-        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05)", ("hcl", "HCL"),
+        # --lr: the recipe's glyph trunk rate (chosen on validation by bench/hcl_validation.py), which the
+        # bench budget's own --lr would otherwise replace
+        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05, trunk lr 1e-4)", ("hcl", "HCL"),
             ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
-             "--hyperbolic-weight", "0.1", "--momentum", "0.99"], kind="hcl"),
+             "--hyperbolic-weight", "0.1", "--momentum", "0.99", "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"], kind="hcl"),
     ]
     return {r.key: r for r in rows}
 
