@@ -40,7 +40,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
-import _recipe_rows as rr  # noqa: E402
 import quality  # noqa: E402
 
 from pml_hyperbolic.training.presets import (HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,  # noqa: E402
@@ -82,29 +81,12 @@ def validation_bank(bank, num_val_classes=32, seed=0):
 
 def build_scene_bank(cfg, train_classes, tag, log=print):
     """Prefix activations of ``cfg.hcl_scenes`` scenes composed from ``train_classes`` only (the
-    validation characters never appear in a scene), cached like ``quality.build_hcl_bank``."""
+    validation characters never appear in a scene): ``quality.build_hcl_bank`` on those glyphs."""
     from pml_hyperbolic.data import GlyphDataset
-    from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes
 
-    path = qc._cache_path(cfg, "hcl", f"scenes{cfg.hcl_scenes}|{tag}")
-    if os.path.isfile(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
-    prefix, _, _ = qc.split_backbone(cfg.backbone)
+    log(f"[bank] HCL validation: scenes of {len(train_classes)} training characters only")
     glyphs = GlyphClasses(GlyphDataset("train"), train_classes)
-    scenes = ComposedGlyphScenes(glyphs, num_scenes=cfg.hcl_scenes, image_size=cfg.image_size, seed=0)
-    log(f"[bank] HCL validation: {cfg.hcl_scenes} scenes of {len(train_classes)} training characters "
-        "through the frozen prefix ...")
-    torch.manual_seed(2024)
-    out = {"scene": [], "view_q": [], "view_k": []}
-    with torch.no_grad():
-        for start in range(0, cfg.hcl_scenes, 128):
-            items = [scenes[i] for i in range(start, min(cfg.hcl_scenes, start + 128))]
-            for j, key in enumerate(("scene", "view_q", "view_k")):
-                out[key].append(prefix(torch.stack([it[j] for it in items])))
-    out = {k: torch.cat(v) for k, v in out.items()}
-    os.makedirs(cfg.cache_dir, exist_ok=True)
-    torch.save(out, path)
-    return out
+    return quality.build_hcl_bank(cfg, cfg.hcl_scenes, log=log, glyphs=glyphs, tag=tag)
 
 
 def hcl_row(lr, weight):
@@ -225,7 +207,7 @@ def main(argv=None):
     print(f"machine: {qc.machine_line()}")
     bank = qc.build_bank(cfg, "glyphs", use_cache=not a.no_cache)
     result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top)
-    print(f"\nValidation R@1 (%), 128 train / 32 validation characters (carve seed 0), mean ± std over "
+    print("\nValidation R@1 (%), 128 train / 32 validation characters (carve seed 0), mean ± std over "
           "seeds (per seed in parentheses):\n")
     print(table(result))
     lr, weight = result["chosen"]

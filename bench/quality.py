@@ -134,16 +134,19 @@ def recipe_class(row):
 # ------------------------------------------------------------------------------------------ HCL
 
 
-def build_hcl_bank(cfg, n_scenes, log=print):
-    """Prefix activations of (scene, object view 1, object view 2) for ``n_scenes`` composed scenes."""
+def build_hcl_bank(cfg, n_scenes, log=print, glyphs=None, tag=""):
+    """Prefix activations of (scene, object view 1, object view 2) for ``n_scenes`` composed scenes,
+    cached. ``glyphs``: the images the scenes are composed from (default: every training glyph);
+    ``tag`` names another choice in the cache key (``bench/hcl_validation.py``'s training characters)."""
     from pml_hyperbolic.data import GlyphDataset
     from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes
 
-    path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}")
+    path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}" + (f"|{tag}" if tag else ""))
     if os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     prefix, _, _ = qc.split_backbone(cfg.backbone)
-    scenes = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=n_scenes, image_size=cfg.image_size, seed=0)
+    glyphs = GlyphDataset("train") if glyphs is None else glyphs
+    scenes = ComposedGlyphScenes(glyphs, num_scenes=n_scenes, image_size=cfg.image_size, seed=0)
     log(f"[bank] HCL: {n_scenes} composed scenes x (scene + 2 object views) through the frozen prefix ...")
     torch.manual_seed(2024)
     out = {"scene": [], "view_q": [], "view_k": []}
