@@ -193,14 +193,13 @@ def baseline_key(args) -> tuple:
 # ------------------------------------------------------------------------------------ the step
 
 def build_trainer(recipe_cls, args, device):
-    """The recipe's trainer, built as ``Recipe._run`` builds it, minus data, tester and checkpoints."""
+    """The recipe's trainer, built as ``Recipe._run`` builds it (``Recipe.build_training_parts``), minus data,
+    tester and checkpoints."""
     import numpy as np
-    import torch
 
     from pml_hyperbolic.data.image_list import collate_skipping_unreadable
-    from pml_hyperbolic.training.config import ConfigError, check_batch_settings
+    from pml_hyperbolic.training.config import check_batch_settings
     from pml_hyperbolic.training.distributed import DistributedContext
-    from pml_hyperbolic.training.radius_terms import add_radius_terms
     from pml_hyperbolic.training.runner import seed_everything
     from pml_hyperbolic.training.trainer import resolve_amp
 
@@ -211,18 +210,7 @@ def build_trainer(recipe_cls, args, device):
     amp_dtype, use_scaler = resolve_amp(args.amp, device)
     seed_everything(args.seed)
     recipe.setup_model()
-    loss = recipe.build_loss()
-    miner = recipe.build_miner()
-    loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
-    loss_funcs, radius_trainer, radius_trainer_kwargs = add_radius_terms(
-        args, recipe.geometry if recipe.hyperbolic else None, loss_funcs)
-    optimizers = recipe.build_optimizers(recipe.trunk, recipe.head, loss_funcs)
-    loss_funcs = {k: (v.to(device) if isinstance(v, torch.nn.Module) else v) for k, v in loss_funcs.items()}
-    trainer_class = recipe.trainer_class
-    if radius_trainer is not None:
-        if not issubclass(radius_trainer, trainer_class):
-            raise ConfigError(f"--degraded-copies needs {radius_trainer.__name__}, not {trainer_class.__name__}")
-        trainer_class = radius_trainer
+    loss_funcs, miner, optimizers, trainer_class, trainer_kwargs = recipe.build_training_parts()
     labels = np.repeat(np.arange(per_rank_batch // args.samples_per_class), args.samples_per_class)
     trainer = trainer_class(
         models={"trunk": recipe.trunk, "embedder": recipe.head}, optimizers=optimizers, batch_size=per_rank_batch,
@@ -230,8 +218,7 @@ def build_trainer(recipe_cls, args, device):
         dataset=_LabelsOnly(labels), sampler=None, iterations_per_epoch=None, collate_fn=collate_skipping_unreadable,
         data_device=device, dataloader_num_workers=0, label_hierarchy_level=recipe.label_hierarchy_level,
         freeze_these=("trunk",) if args.freeze_trunk else (), amp_dtype=amp_dtype, use_grad_scaler=use_scaler,
-        grad_clip_norm=args.grad_clip, max_steps=None, show_progress=False, **recipe.trainer_kwargs(),
-        **radius_trainer_kwargs)
+        grad_clip_norm=args.grad_clip, max_steps=None, show_progress=False, **trainer_kwargs)
     return recipe, trainer, amp_dtype, use_scaler
 
 

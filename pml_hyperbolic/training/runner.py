@@ -443,6 +443,26 @@ class Recipe(RecipeCommandLine):
             gc.unfreeze()  # collectable again: several runs in one process (tests) leak nothing
             cleanup(self.ctx)
 
+    def build_training_parts(self):
+        """``(loss_funcs, miner, optimizers, trainer_class, trainer_kwargs)`` of this recipe's training step,
+        after :meth:`setup_model`: its loss and miner, the ``--radial-calibration`` / ``--degraded-copies``
+        terms beside them (``training/radius_terms.py``), the optimisers, the loss modules on ``self.device``
+        and the trainer class those terms need. :meth:`_run` trains with them; ``bench/gpu_step.py`` times them."""
+        loss = self.build_loss()
+        miner = self.build_miner()
+        loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
+        loss_funcs, radius_trainer, radius_trainer_kwargs = add_radius_terms(
+            self.args, self.geometry if self.hyperbolic else None, loss_funcs)
+        optimizers = self.build_optimizers(self.trunk, self.head, loss_funcs)
+        loss_funcs = {k: (v.to(self.device) if isinstance(v, torch.nn.Module) else v) for k, v in loss_funcs.items()}
+        trainer_class = self.trainer_class
+        if radius_trainer is not None:
+            if not issubclass(radius_trainer, trainer_class):
+                raise ConfigError(f"--degraded-copies needs {radius_trainer.__name__}, but this recipe trains with "
+                                  f"{trainer_class.__name__}")
+            trainer_class = radius_trainer
+        return loss_funcs, miner, optimizers, trainer_class, {**self.trainer_kwargs(), **radius_trainer_kwargs}
+
     def pick_threads(self) -> None:
         """``--threads auto``: the cores other processes leave idle now (``threads.run_threads``), read
         again before each phase (evaluation, training), so that a run sharing the machine does not
@@ -493,14 +513,7 @@ class Recipe(RecipeCommandLine):
         started = time.time()
         self.setup_model()
         freeze_long_lived_objects()  # timm's modules, the backbone
-        loss = self.build_loss()
-        miner = self.build_miner()
-        loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
-        # --radial-calibration / --degraded-copies (training/radius_terms.py): terms beside any metric loss
-        loss_funcs, radius_trainer, radius_trainer_kwargs = add_radius_terms(
-            a, self.geometry if self.hyperbolic else None, loss_funcs)
-        optimizers = self.build_optimizers(self.trunk, self.head, loss_funcs)
-        loss_funcs = {k: (v.to(self.device) if isinstance(v, torch.nn.Module) else v) for k, v in loss_funcs.items()}
+        loss_funcs, miner, optimizers, trainer_class, trainer_kwargs = self.build_training_parts()
         labels = dataset_labels(self.train_set)
         sampler = self.build_sampler(labels, per_rank_batch)
 
@@ -516,12 +529,6 @@ class Recipe(RecipeCommandLine):
         mining_funcs = {"tuple_miner": wrap_miner(miner, self.ctx)} if miner is not None else {}
         if "trunk_optimizer" not in optimizers:
             _silence_pml_missing_key("trunk_optimizer")  # a frozen trunk has nothing to optimise
-        trainer_class = self.trainer_class
-        if radius_trainer is not None:
-            if not issubclass(radius_trainer, trainer_class):
-                raise ConfigError(f"--degraded-copies needs {radius_trainer.__name__}, but this recipe trains with "
-                                  f"{trainer_class.__name__}")
-            trainer_class = radius_trainer
         trainer = trainer_class(
             models={"trunk": wrap_model(self.trunk, self.ctx, self.device),
                     "embedder": wrap_model(self.head, self.ctx, self.device)},
@@ -533,7 +540,7 @@ class Recipe(RecipeCommandLine):
             label_hierarchy_level=self.label_hierarchy_level, end_of_epoch_hook=hook,
             freeze_these=("trunk",) if a.freeze_trunk else (),  # PML keeps a frozen model in eval mode
             amp_dtype=amp_dtype, use_grad_scaler=use_scaler, grad_clip_norm=a.grad_clip, max_steps=a.max_steps,
-            show_progress=self.ctx.is_main and not a.quiet, **self.trainer_kwargs(), **radius_trainer_kwargs)
+            show_progress=self.ctx.is_main and not a.quiet, **trainer_kwargs)
         self.trainer = trainer
         self._timed("model", started)
 
