@@ -82,7 +82,7 @@ class Row:
 
 
 def build_rows():
-    from pml_hyperbolic.training.presets import HCL_GLYPH_TRUNK_LR
+    from pml_hyperbolic.training.presets import HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR
     uml = ("hyp_uml_cars", "HypUML")
     NO_COPIES = ["--degraded-copies", "0"]
     rows = [
@@ -111,11 +111,12 @@ def build_rows():
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
         Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss", "baseline",
             ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),
-        # --lr: the recipe's glyph trunk rate (chosen on validation by bench/hcl_validation.py), which the
-        # bench budget's own --lr would otherwise replace
+        # --lr / --hyperbolic-weight: the recipe's glyph values (chosen on validation by bench/hcl_validation.py);
+        # the bench budget's own --lr would otherwise replace the rate
         Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05, trunk lr 1e-4)", ("hcl", "HCL"),
             ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
-             "--hyperbolic-weight", "0.1", "--momentum", "0.99", "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"], kind="hcl"),
+             "--hyperbolic-weight", f"{HCL_GLYPH_HYPERBOLIC_WEIGHT:g}", "--momentum", "0.99",
+             "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"], kind="hcl"),
     ]
     return {r.key: r for r in rows}
 
@@ -220,9 +221,11 @@ def run_row(row, cfg, bank, seed, hcl_bank=None, log=print, parents=None):
     np.random.seed(seed)
     extra = {}
     if row.kind == "raw":
-        metrics = qc.evaluate(bank.tail, None, bank.query, bank.gallery, c=None)
+        # qc.evaluate's two steps, so that the hierarchy columns reuse the embeddings
+        q = qc.embed(bank.tail, None, bank.query.acts)
+        g = None if bank.gallery is None else qc.embed(bank.tail, None, bank.gallery.acts)
+        metrics = qc.retrieval_metrics(q, bank.query.labels, g, None if g is None else bank.gallery.labels, c=None)
         if parents is not None:
-            q, g = qc.embed(bank.tail, None, bank.query.acts), qc.embed(bank.tail, None, bank.gallery.acts)
             metrics.update(hierarchy_metrics(q, bank.query.labels, g, bank.gallery.labels, None, np.inf, parents))
         return metrics, extra
     argv = list(row.argv)

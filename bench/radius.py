@@ -207,10 +207,7 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
         if loss_name == "supcon":
             return head, SupConLoss(temperature=0.1), None, np.inf
         if loss_name == "ms":
-            from pytorch_metric_learning.losses import MultiSimilarityLoss
-            from pytorch_metric_learning.miners import MultiSimilarityMiner
-
-            return head, _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1)), None, np.inf
+            return head, _multi_similarity(), None, np.inf
         raise ValueError(f"no spherical form of {loss_name!r}")
     if loss_name == "supcon" or (loss_name in ("ms", "mshier") and head_name != "polar"):
         raise ValueError(f"{loss_name} runs on the sphere head (ms, mshier: also the polar head)")
@@ -221,10 +218,7 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
     if loss_name in ("ms", "mshier"):
         # HIER's own setup: MultiSimilarity on the cosine of the ball points (for the polar head the
         # cosine of its directions: the radius is left to the regulariser), HIER on the ball
-        from pytorch_metric_learning.losses import MultiSimilarityLoss
-        from pytorch_metric_learning.miners import MultiSimilarityMiner
-
-        loss = _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1))
+        loss = _multi_similarity()
     elif loss_name == "uml":
         loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, clip_r=2.3, distance=distance)
     else:
@@ -242,6 +236,14 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
 
         loss = MultipleLosses([loss, HIERLoss(embedding_size=embedding_dim, c=geometry, **h)], weights=[1.0, weight])
     return head, loss, geometry, geometry.max_dist0()
+
+
+def _multi_similarity():
+    """PML's MultiSimilarityLoss (α 2, β 50, base 0.5) with its miner (ε 0.1), as ``bench/quality.py``'s row."""
+    from pytorch_metric_learning.losses import MultiSimilarityLoss
+    from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+    return _Mined(MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1))
 
 
 class _Mined(torch.nn.Module):

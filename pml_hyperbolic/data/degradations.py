@@ -114,36 +114,37 @@ class RandomDegradation:
         strength = torch.rand(b, generator=generator, dtype=torch.float64)
         corner = torch.rand(b, 2, generator=generator, dtype=torch.float64)
         noise_seed = int(torch.randint(2 ** 62, (), generator=generator))
-        names = [self.kinds[i] for i in kind.tolist()]
+        dev = images.device
 
-        blur = torch.tensor([n == "blur" for n in names])
-        if bool(blur.any()):
-            idx = blur.nonzero().squeeze(1)
+        def rows_of(name):
+            """(CPU, device) indices of the images drawn for ``name``; None when there are none."""
+            idx = (kind == self.kinds.index(name)).nonzero().squeeze(1) if name in self.kinds else kind[:0]
+            return (idx, idx.to(dev)) if len(idx) else None
+
+        blur = rows_of("blur")
+        if blur is not None:
+            idx, on_device = blur
             sigmas = (self._uniform(self.blur_sigma, strength[idx]) * side_px).clamp_min(1e-3)
-            out[idx.to(images.device)] = gaussian_blur_batch(images[idx.to(images.device)], sigmas)
+            out[on_device] = gaussian_blur_batch(images[on_device], sigmas)
 
-        noise = torch.tensor([n == "noise" for n in names])
-        if bool(noise.any()):
-            idx = noise.nonzero().squeeze(1)
-            device_gen = torch.Generator(device=images.device).manual_seed(noise_seed)
-            std = self._uniform(self.noise_std, strength[idx]).to(images.device, images.dtype)
-            eps = torch.randn((len(idx), *images.shape[1:]), generator=device_gen, device=images.device,
-                              dtype=images.dtype)
-            on_device = idx.to(images.device)
+        noise = rows_of("noise")
+        if noise is not None:
+            idx, on_device = noise
+            device_gen = torch.Generator(device=dev).manual_seed(noise_seed)
+            std = self._uniform(self.noise_std, strength[idx]).to(dev, images.dtype)
+            eps = torch.randn((len(idx), *images.shape[1:]), generator=device_gen, device=dev, dtype=images.dtype)
             out[on_device] = images[on_device] + std.view(-1, 1, 1, 1) * eps
 
-        occlusion = torch.tensor([n == "occlusion" for n in names])
-        if bool(occlusion.any()):
-            idx = occlusion.nonzero().squeeze(1)
+        occlusion = rows_of("occlusion")
+        if occlusion is not None:
+            idx, on_device = occlusion
             side = torch.round(self._uniform(self.occlusion_side, strength[idx]) * side_px).clamp(1, side_px).long()
-            y0 = torch.minimum((corner[idx, 0] * (h - side + 1)).long(), h - side)
-            x0 = torch.minimum((corner[idx, 1] * (w - side + 1)).long(), w - side)
-            dev = images.device
+            y0 = torch.minimum((corner[idx, 0] * (h - side + 1)).long(), h - side).to(dev)
+            x0 = torch.minimum((corner[idx, 1] * (w - side + 1)).long(), w - side).to(dev)
+            side = side.to(dev)
             ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
-            y0, x0, side = y0.to(dev), x0.to(dev), side.to(dev)
             inside = (((ys[None] >= y0[:, None]) & (ys[None] < (y0 + side)[:, None]))[:, :, None]
                       & ((xs[None] >= x0[:, None]) & (xs[None] < (x0 + side)[:, None]))[:, None, :])
-            on_device = idx.to(dev)
             out[on_device] = out[on_device].masked_fill(inside[:, None], self.occlusion_value)
         return out
 

@@ -423,8 +423,6 @@ class Recipe(RecipeCommandLine):
         t0 = time.time()
         if a.quiet:
             os.environ["TQDM_DISABLE"] = "1"  # also silences PML's tester bars
-        if getattr(a, "threads", "auto") != "auto":
-            torch.set_num_threads(int(a.threads))
         self.pick_threads()
         self.phase_seconds: Dict[str, float] = {}
         try:
@@ -464,14 +462,17 @@ class Recipe(RecipeCommandLine):
         return loss_funcs, miner, optimizers, trainer_class, {**self.trainer_kwargs(), **radius_trainer_kwargs}
 
     def pick_threads(self) -> None:
-        """``--threads auto``: the cores other processes leave idle now (``threads.run_threads``), read
-        again before each phase (evaluation, training), so that a run sharing the machine does not
-        spin on barriers waiting for a thread the OS has descheduled."""
-        if getattr(self.args, "threads", "auto") != "auto":
-            return
-        from ..threads import run_threads
+        """torch's thread count for the next phase: ``--threads N`` as given; ``auto`` the cores other
+        processes leave idle now (``threads.run_threads``), read again before each phase (evaluation,
+        training), so that a run sharing the machine does not spin on barriers waiting for a thread
+        the OS has descheduled."""
+        requested = getattr(self.args, "threads", "auto")
+        if requested == "auto":
+            from ..threads import run_threads
 
-        wanted = run_threads()
+            wanted = run_threads()
+        else:
+            wanted = int(requested)
         if wanted != torch.get_num_threads():
             torch.set_num_threads(wanted)
 
