@@ -94,6 +94,8 @@ def build_rows():
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
         Row("hier_ms", "HIER: MultiSimilarity + 0.3·HIER (128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
+        Row("hier_ms_cal", "HIER: MultiSimilarity + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
+            ["--radial-calibration", "1"]),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2"]),
         Row("hypmix_learn", "HypMix, learnable λ (init 3)", ("hyp_mix", "HypMix"),

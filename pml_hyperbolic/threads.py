@@ -174,10 +174,10 @@ def run_threads(cores: int | None = None) -> int:
     .. math:: \min\big(\text{default\_threads}(),\ \max(1,\ \text{cores} - \text{runnable elsewhere now})\big)
 
     The 1-minute load average (:func:`default_threads`) remembers a competitor that just paused; the
-    run queue (:func:`runnable_elsewhere`) sees one that started a second ago. Why both: with one
-    other busy process on a 2-core machine, PyTorch's default of a thread per core made the main job
-    25x slower (427 s instead of 17 s wall: every small op's barrier waits for a descheduled thread),
-    while one thread loses at most half the speed on an idle machine. ``PML_HYPERBOLIC_THREADS``
+    run queue (:func:`runnable_elsewhere`) sees one that started a second ago. Why both: beside one
+    busy process on a 2-core machine, PyTorch's default of a thread per core made the main job 10x
+    slower (202 s instead of 20.6 s wall, bench/README.md: every small op's barrier waits for a
+    descheduled thread), while one thread loses at most half the speed on an idle machine. ``PML_HYPERBOLIC_THREADS``
     overrides the policy, as in :func:`default_threads`."""
     env = os.environ.get("PML_HYPERBOLIC_THREADS")
     if env is not None and env.strip():
