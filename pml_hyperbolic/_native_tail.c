@@ -167,3 +167,275 @@ void pml_log1p_f64(const double *restrict u, double *restrict out, long n)
     for (long j = 0; j < n; ++j)
         out[j] = log1p_nonneg_d(u[j]);
 }
+
+/* The symmetric forward (x is y): G holds the Gram matrix x xᵀ on and above its diagonal (the
+ * caller's row-blocked products fill only that part, about half the flops of one full product).
+ * Per pair i < j, from the squared norms x2 and the row scales p2 = 2c/a, q = 1/a:
+ *
+ *     s = x2_i + x2_j - 2 G_ij,  W = s p2_i q_j,  S = sqrt(W + W²/2),  D = log1p(W + √2 S)/√c,
+ *
+ * written to (i, j) and (j, i) of G's buffer (and of S, when given): every transcendental once
+ * per unordered pair. A pair with s < f (x2_i + x2_j) is beyond the product's resolution: its D is
+ * set to -1 (no distance is negative) for the caller to recompute from explicit differences, and
+ * counted (both orientations) in *n_close. The diagonal is 0 in D and S (NaN for a point that is
+ * not finite, as the general path gives).
+ *
+ * Order: bands of PML_SYM_ROWS rows; in each, chunks of PML_SYM_COLS columns are first evaluated
+ * along the rows (long contiguous runs: the loop vectorises), then mirrored: row j of the chunk
+ * receives the band's PML_SYM_ROWS values of column j, one cache line, read back from the band
+ * while it is still in cache. A value is mirrored only to (j, i) with j > i, which no later read
+ * of G as a Gram entry touches (those are all on or above the diagonal), so bands are independent:
+ * [band_begin, band_end) lets threads share one matrix. */
+#define PML_SYM_ROWS 16
+#define PML_SYM_COLS 256
+
+/* mirror_block(src, src_n, dst, dst_n): dst[r][k] = src[k][r] for a 16 × 16 block (src row k at
+ * src + k src_n, dst row r at dst + r dst_n). With GCC, as 16 row vectors transposed in registers by four
+ * rounds of shuffles (round s swaps the off-diagonal s × s sub-blocks of every 2s × 2s block);
+ * element by element otherwise. The mirror of the symmetric loops was a third of their time with
+ * strided scalar copies. */
+#if defined(__GNUC__) && !defined(__clang__)
+/* Shuffle masks of round s: lane l of the new row k takes a[l] or b[l - s], of row k + s a[l + s]
+ * or b[l] (indices 16.. select from b), by whether bit s of l is set. Constants, so that each
+ * shuffle is one or two permute instructions. */
+#define PML_LO8 {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}
+#define PML_HI8 {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}
+#define PML_LO4 {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}
+#define PML_HI4 {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}
+#define PML_LO2 {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}
+#define PML_HI2 {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}
+#define PML_LO1 {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}
+#define PML_HI1 {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}
+#define PML_SWAP(VT, r, k, s, LO, HI)                                                                \
+    {                                                                                                \
+        const VT a_ = r##k, b_ = r##s;                                                               \
+        r##k = __builtin_shuffle(a_, b_, (VT##_mask)LO);                                             \
+        r##s = __builtin_shuffle(a_, b_, (VT##_mask)HI);                                             \
+    }
+#define PML_MIRROR_BLOCK(NAME, T, VT, IT)                                                            \
+    typedef T VT __attribute__((vector_size(16 * sizeof(T))));                                       \
+    typedef IT VT##_mask __attribute__((vector_size(16 * sizeof(T))));                               \
+    static inline void NAME(const T *restrict src, long src_n, T *restrict dst, long dst_n)         \
+    {                                                                                               \
+        VT r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15;                    \
+        memcpy(&r0, src + 0 * src_n, sizeof(VT));                                                   \
+        memcpy(&r1, src + 1 * src_n, sizeof(VT));                                                   \
+        memcpy(&r2, src + 2 * src_n, sizeof(VT));                                                   \
+        memcpy(&r3, src + 3 * src_n, sizeof(VT));                                                   \
+        memcpy(&r4, src + 4 * src_n, sizeof(VT));                                                   \
+        memcpy(&r5, src + 5 * src_n, sizeof(VT));                                                   \
+        memcpy(&r6, src + 6 * src_n, sizeof(VT));                                                   \
+        memcpy(&r7, src + 7 * src_n, sizeof(VT));                                                   \
+        memcpy(&r8, src + 8 * src_n, sizeof(VT));                                                   \
+        memcpy(&r9, src + 9 * src_n, sizeof(VT));                                                   \
+        memcpy(&r10, src + 10 * src_n, sizeof(VT));                                                 \
+        memcpy(&r11, src + 11 * src_n, sizeof(VT));                                                 \
+        memcpy(&r12, src + 12 * src_n, sizeof(VT));                                                 \
+        memcpy(&r13, src + 13 * src_n, sizeof(VT));                                                 \
+        memcpy(&r14, src + 14 * src_n, sizeof(VT));                                                 \
+        memcpy(&r15, src + 15 * src_n, sizeof(VT));                                                 \
+        PML_SWAP(VT, r, 0, 8, PML_LO8, PML_HI8)                                                     \
+        PML_SWAP(VT, r, 1, 9, PML_LO8, PML_HI8)                                                     \
+        PML_SWAP(VT, r, 2, 10, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 3, 11, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 4, 12, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 5, 13, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 6, 14, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 7, 15, PML_LO8, PML_HI8)                                                    \
+        PML_SWAP(VT, r, 0, 4, PML_LO4, PML_HI4)                                                     \
+        PML_SWAP(VT, r, 1, 5, PML_LO4, PML_HI4)                                                     \
+        PML_SWAP(VT, r, 2, 6, PML_LO4, PML_HI4)                                                     \
+        PML_SWAP(VT, r, 3, 7, PML_LO4, PML_HI4)                                                     \
+        PML_SWAP(VT, r, 8, 12, PML_LO4, PML_HI4)                                                    \
+        PML_SWAP(VT, r, 9, 13, PML_LO4, PML_HI4)                                                    \
+        PML_SWAP(VT, r, 10, 14, PML_LO4, PML_HI4)                                                   \
+        PML_SWAP(VT, r, 11, 15, PML_LO4, PML_HI4)                                                   \
+        PML_SWAP(VT, r, 0, 2, PML_LO2, PML_HI2)                                                     \
+        PML_SWAP(VT, r, 1, 3, PML_LO2, PML_HI2)                                                     \
+        PML_SWAP(VT, r, 4, 6, PML_LO2, PML_HI2)                                                     \
+        PML_SWAP(VT, r, 5, 7, PML_LO2, PML_HI2)                                                     \
+        PML_SWAP(VT, r, 8, 10, PML_LO2, PML_HI2)                                                    \
+        PML_SWAP(VT, r, 9, 11, PML_LO2, PML_HI2)                                                    \
+        PML_SWAP(VT, r, 12, 14, PML_LO2, PML_HI2)                                                   \
+        PML_SWAP(VT, r, 13, 15, PML_LO2, PML_HI2)                                                   \
+        PML_SWAP(VT, r, 0, 1, PML_LO1, PML_HI1)                                                     \
+        PML_SWAP(VT, r, 2, 3, PML_LO1, PML_HI1)                                                     \
+        PML_SWAP(VT, r, 4, 5, PML_LO1, PML_HI1)                                                     \
+        PML_SWAP(VT, r, 6, 7, PML_LO1, PML_HI1)                                                     \
+        PML_SWAP(VT, r, 8, 9, PML_LO1, PML_HI1)                                                     \
+        PML_SWAP(VT, r, 10, 11, PML_LO1, PML_HI1)                                                   \
+        PML_SWAP(VT, r, 12, 13, PML_LO1, PML_HI1)                                                   \
+        PML_SWAP(VT, r, 14, 15, PML_LO1, PML_HI1)                                                   \
+        memcpy(dst + 0 * dst_n, &r0, sizeof(VT));                                                   \
+        memcpy(dst + 1 * dst_n, &r1, sizeof(VT));                                                   \
+        memcpy(dst + 2 * dst_n, &r2, sizeof(VT));                                                   \
+        memcpy(dst + 3 * dst_n, &r3, sizeof(VT));                                                   \
+        memcpy(dst + 4 * dst_n, &r4, sizeof(VT));                                                   \
+        memcpy(dst + 5 * dst_n, &r5, sizeof(VT));                                                   \
+        memcpy(dst + 6 * dst_n, &r6, sizeof(VT));                                                   \
+        memcpy(dst + 7 * dst_n, &r7, sizeof(VT));                                                   \
+        memcpy(dst + 8 * dst_n, &r8, sizeof(VT));                                                   \
+        memcpy(dst + 9 * dst_n, &r9, sizeof(VT));                                                   \
+        memcpy(dst + 10 * dst_n, &r10, sizeof(VT));                                                 \
+        memcpy(dst + 11 * dst_n, &r11, sizeof(VT));                                                 \
+        memcpy(dst + 12 * dst_n, &r12, sizeof(VT));                                                 \
+        memcpy(dst + 13 * dst_n, &r13, sizeof(VT));                                                 \
+        memcpy(dst + 14 * dst_n, &r14, sizeof(VT));                                                 \
+        memcpy(dst + 15 * dst_n, &r15, sizeof(VT));                                                 \
+    }
+#else
+#define PML_MIRROR_BLOCK(NAME, T, VT, IT)                                                            \
+    static inline void NAME(const T *restrict src, long src_n, T *restrict dst, long dst_n)         \
+    {                                                                                                \
+        for (int r = 0; r < 16; ++r)                                                                 \
+            for (int k = 0; k < 16; ++k)                                                             \
+                dst[r * dst_n + k] = src[k * src_n + r];                                             \
+    }
+#endif
+PML_MIRROR_BLOCK(pml_mirror_block_f32, float, pml_v16f, int32_t)
+PML_MIRROR_BLOCK(pml_mirror_block_f64, double, pml_v16d, int64_t)
+
+/* Rows [i0, i1) of the band, columns [j_begin, j1): (j, i) ← (i, j) for every i < j, by 16 × 16
+ * blocks where a 16-row slice of the band is full and the block lies right of it, element by
+ * element elsewhere. */
+#define PML_MIRROR(NAME, T, BLOCK)                                                                   \
+    static inline void NAME(T *restrict M, long n, long i0, long i1, long j_begin, long j1)          \
+    {                                                                                                \
+        for (long r0 = i0; r0 < i1; r0 += 16) {                                                      \
+            const long r1 = r0 + 16 < i1 ? r0 + 16 : i1;                                             \
+            const long j_blocks = j_begin > r1 ? j_begin : r1;                                       \
+            long j = j_blocks;                                                                       \
+            if (r1 - r0 == 16)                                                                       \
+                for (; j + 16 <= j1; j += 16)                                                        \
+                    BLOCK(M + r0 * n + j, n, M + j * n + r0, n);                                     \
+            for (long jj = j_begin > r0 + 1 ? j_begin : r0 + 1; jj < j1; ++jj) {                     \
+                if (jj >= j_blocks && jj < j)                                                        \
+                    continue; /* done by blocks */                                                   \
+                const long i_end = jj < r1 ? jj : r1;                                                \
+                T *restrict out = M + jj * n;                                                        \
+                for (long i = r0; i < i_end; ++i)                                                    \
+                    out[i] = M[i * n + jj];                                                          \
+            }                                                                                        \
+        }                                                                                            \
+    }
+PML_MIRROR(pml_mirror_f32, float, pml_mirror_block_f32)
+PML_MIRROR(pml_mirror_f64, double, pml_mirror_block_f64)
+#define PML_SYM_TAIL(NAME, T, SQRT, LOG1P, SQRT2, T_MAX, MIRROR)                                           \
+    PML_CLONES                                                                                       \
+    void NAME(T *restrict G, T *restrict S, const T *restrict x2, const T *restrict p2,              \
+              const T *restrict q, long n, T inv_sqrt_c, T f, long band_begin, long band_end,        \
+              long *restrict n_close)                                                                \
+    {                                                                                                \
+        long close = 0;                                                                              \
+        for (long band = band_begin; band < band_end; ++band) {                                      \
+            const long i0 = band * PML_SYM_ROWS;                                                     \
+            const long i1 = i0 + PML_SYM_ROWS < n ? i0 + PML_SYM_ROWS : n;                           \
+            for (long i = i0; i < i1; ++i) { /* 0, or NaN for a NaN / infinite point */              \
+                G[i * n + i] = x2[i] * (T)0;                                                         \
+                if (S)                                                                               \
+                    S[i * n + i] = x2[i] * (T)0;                                                     \
+            }                                                                                        \
+            for (long j0 = i0; j0 < n; j0 += PML_SYM_COLS) {                                         \
+                const long j1 = j0 + PML_SYM_COLS < n ? j0 + PML_SYM_COLS : n;                       \
+                for (long i = i0; i < i1; ++i) {                                                     \
+                    const long start = i + 1 > j0 ? i + 1 : j0;                                      \
+                    T *restrict g = G + i * n;                                                       \
+                    T *restrict s_row = S ? S + i * n : g; /* (unused without S) */                  \
+                    const T xi = x2[i], pi = p2[i];                                                  \
+                    long row_close = 0;                                                              \
+                    if (S) {                                                                         \
+                        for (long j = start; j < j1; ++j) {                                          \
+                            const T norms = xi + x2[j];                                              \
+                            const T sq = norms - (T)2 * g[j];                                        \
+                            const int is_close = sq < f * norms;                                     \
+                            const T w = sq * (pi * q[j]);                                            \
+                            const T s = SQRT(w + (T)0.5 * w * w);                                    \
+                            const T u = w + SQRT2 * s;                                               \
+                            const int finite = u >= (T)0 && u <= T_MAX;                              \
+                            const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                       \
+                            row_close += is_close;                                                   \
+                            g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));        \
+                            s_row[j] = s;                                                            \
+                        }                                                                            \
+                    } else {                                                                         \
+                        for (long j = start; j < j1; ++j) {                                          \
+                            const T norms = xi + x2[j];                                              \
+                            const T sq = norms - (T)2 * g[j];                                        \
+                            const int is_close = sq < f * norms;                                     \
+                            const T w = sq * (pi * q[j]);                                            \
+                            const T u = w + SQRT2 * SQRT(w + (T)0.5 * w * w);                        \
+                            const int finite = u >= (T)0 && u <= T_MAX;                              \
+                            const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                       \
+                            row_close += is_close;                                                   \
+                            g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));        \
+                        }                                                                            \
+                    }                                                                                \
+                    close += row_close;                                                              \
+                }                                                                                    \
+                MIRROR(G, n, i0, i1, j0 > i0 + 1 ? j0 : i0 + 1, j1);                                 \
+                if (S)                                                                               \
+                    MIRROR(S, n, i0, i1, j0 > i0 + 1 ? j0 : i0 + 1, j1);                             \
+            }                                                                                        \
+        }                                                                                            \
+        *n_close = 2 * close;                                                                        \
+    }
+
+PML_SYM_TAIL(pml_sym_tail_f32, float, sqrtf, log1p_nonneg_f, PML_SQRT2_F, 0x1.fffffep127f, pml_mirror_f32)
+PML_SYM_TAIL(pml_sym_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.fffffffffffffp1023, pml_mirror_f64)
+
+/* The symmetric backward's weights (x is y): with U the upstream gradient (n × n, strides su0, su1
+ * in elements: 0 for a broadcast one) and S = √2 √(w(1+w)) from the symmetric forward
+ * (S_ij = S_ji),
+ *
+ *     E_ij = E_ji = (U_ij + U_ji) / S_ij   (i ≠ j),   E_ii = 0,
+ *
+ * i.e. U/S + (U/S)ᵀ in one pass, written over S (read on and above the diagonal only). Per band
+ * and chunk as in the forward: the chunk's block of Uᵀ is first transposed into a small buffer
+ * (so that U_ji is contiguous along the row of i; by 16 × 16 register blocks when U is
+ * contiguous), then the row pass, then the mirror. */
+#define PML_SYM_GRAD(NAME, T, MIRROR, BLOCK)                                                         \
+    PML_CLONES                                                                                       \
+    void NAME(const T *restrict U, long su0, long su1, T *restrict S, long n, long band_begin,       \
+              long band_end)                                                                         \
+    {                                                                                                \
+        T ut[PML_SYM_ROWS * PML_SYM_COLS]; /* ut[i - i0][j - j0] = U[j][i] */                        \
+        const int contiguous = su1 == 1 && su0 == n;                                                 \
+        for (long band = band_begin; band < band_end; ++band) {                                      \
+            const long i0 = band * PML_SYM_ROWS;                                                     \
+            const long i1 = i0 + PML_SYM_ROWS < n ? i0 + PML_SYM_ROWS : n;                           \
+            for (long i = i0; i < i1; ++i)                                                           \
+                S[i * n + i] = (T)0;                                                                 \
+            for (long j0 = i0; j0 < n; j0 += PML_SYM_COLS) {                                         \
+                const long j1 = j0 + PML_SYM_COLS < n ? j0 + PML_SYM_COLS : n;                       \
+                for (long r0 = i0; r0 < i1; r0 += 16) {                                              \
+                    const long r1 = r0 + 16 < i1 ? r0 + 16 : i1;                                     \
+                    long j = j0;                                                                     \
+                    if (contiguous && r1 - r0 == 16)                                                 \
+                        for (; j + 16 <= j1; j += 16)                                                \
+                            BLOCK(U + j * n + r0, n, ut + (r0 - i0) * PML_SYM_COLS + (j - j0),       \
+                                  PML_SYM_COLS);                                                     \
+                    for (; j < j1; ++j)                                                              \
+                        for (long i = r0; i < r1; ++i)                                               \
+                            ut[(i - i0) * PML_SYM_COLS + (j - j0)] = U[j * su0 + i * su1];           \
+                }                                                                                    \
+                for (long i = i0; i < i1; ++i) {                                                     \
+                    const long start = i + 1 > j0 ? i + 1 : j0;                                      \
+                    T *restrict s_row = S + i * n;                                                   \
+                    const T *restrict ut_row = ut + (i - i0) * PML_SYM_COLS - j0;                    \
+                    if (contiguous) {                                                                \
+                        const T *restrict u_row = U + i * n;                                         \
+                        for (long jj = start; jj < j1; ++jj)                                         \
+                            s_row[jj] = (u_row[jj] + ut_row[jj]) / s_row[jj];                        \
+                    } else {                                                                         \
+                        const T *restrict u_row = U + i * su0;                                       \
+                        for (long jj = start; jj < j1; ++jj)                                         \
+                            s_row[jj] = (u_row[jj * su1] + ut_row[jj]) / s_row[jj];                  \
+                    }                                                                                \
+                }                                                                                    \
+                MIRROR(S, n, i0, i1, j0 > i0 + 1 ? j0 : i0 + 1, j1);                                 \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+PML_SYM_GRAD(pml_sym_grad_f32, float, pml_mirror_f32, pml_mirror_block_f32)
+PML_SYM_GRAD(pml_sym_grad_f64, double, pml_mirror_f64, pml_mirror_block_f64)

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from pml_hyperbolic import _native
 from pml_hyperbolic import _pairwise_dist as kernel
 from pml_hyperbolic import poincare_ball as pb
 
@@ -116,13 +117,22 @@ def test_collapsed_batch_uses_float64_fallback(monkeypatch):
     assert torch.isfinite(x.grad).all()
 
 
-def test_spread_batch_uses_one_float32_product(monkeypatch):
-    dtypes = []
-    real = kernel._gram_W
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_spread_batch_uses_one_float32_product(monkeypatch, native):
+    """A spread batch needs no float64 redo: one float32 Gram product (the general path), or with
+    the native library the symmetric path alone (its triangular product, no general product)."""
+    monkeypatch.setenv("PML_HYPERBOLIC_NATIVE", native)
+    dtypes, symmetric = [], []
+    real, real_sym = kernel._gram_W, kernel._symmetric_forward
     monkeypatch.setattr(kernel, "_gram_W", lambda *a: dtypes.append(a[-1]) or real(*a))
+    monkeypatch.setattr(kernel, "_symmetric_forward", lambda *a: symmetric.append(real_sym(*a)) or symmetric[-1])
     x = ball_points(100, 16, 1.0, 0, rmax=0.9).float()
-    pb.pairwise_dist(x, x, 1.0)
-    assert dtypes == [torch.float32]
+    d = pb.pairwise_dist(x, x, 1.0)
+    check_spec(d, reference(x, x, 1.0), rel=1e-4, abs_small=1e-3)
+    if native == "1" and _native.status() == "native":
+        assert dtypes == [] and symmetric[0] is not None
+    else:
+        assert dtypes == [torch.float32]
 
 
 @pytest.mark.parametrize("c", [1e-6, 1e-3, 0.1, 1.0, 10.0])

@@ -1,0 +1,171 @@
+"""The native symmetric path of the pairwise kernel (x is y on CPU): triangular Gram product, one
+evaluation per unordered pair, mirrored; backward weights (U + Uᵀ)/S in one pass.
+
+Every result is compared with the general path of the same kernel (``PML_HYPERBOLIC_NATIVE=0``:
+full Gram product and torch tail), itself checked against float64 references in
+``test_pairwise_dist.py``."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pml_hyperbolic import _native
+from pml_hyperbolic import _pairwise_dist as kernel
+from pml_hyperbolic import poincare_ball as pb
+
+pytestmark = pytest.mark.skipif(_native.status() != "native", reason="native library unavailable here")
+
+
+def radial_points(n: int, dim: int, c: float, d0_max: float, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """n points with hyperbolic distance to the origin uniform in [0, d0_max], random directions."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    v = v / v.norm(dim=1, keepdim=True)
+    d0 = d0_max * torch.rand(n, generator=g, dtype=torch.float64)
+    return (v * (torch.tanh(math.sqrt(c) * d0 / 2) / math.sqrt(c))[:, None]).to(dtype)
+
+
+def both_paths(monkeypatch, x: torch.Tensor, c: float, upstream=None):
+    """(D, x.grad, c.grad) from the native symmetric path and from the general path."""
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PML_HYPERBOLIC_NATIVE", flag)
+        xi = x.detach().clone().requires_grad_()
+        ci = torch.tensor(c, dtype=x.dtype, requires_grad=True)
+        d = pb.pairwise_dist(xi, xi, ci)
+        (d.sum() if upstream is None else (d * upstream).sum()).backward()
+        out.append((d.detach(), xi.grad, ci.grad))
+    return out
+
+
+def test_symmetric_path_runs(monkeypatch):
+    calls = []
+    real = kernel._symmetric_forward
+    monkeypatch.setattr(kernel, "_symmetric_forward", lambda *a: calls.append(real(*a)) or calls[-1])
+    x = radial_points(50, 8, 0.1, 2.5, 0)
+    d = pb.pairwise_dist(x, x, 0.1)
+    assert calls and calls[0] is not None
+    assert torch.equal(d, d.T) and torch.all(d.diagonal() == 0)
+
+
+@pytest.mark.parametrize("n", [2, 15, 16, 17, 100, 257, 600])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_general_path(monkeypatch, n, dtype):
+    """Sizes around the band (16 rows) and chunk (256 columns) edges; dense random upstream."""
+    c = 0.1
+    x = radial_points(n, 24, c, 4.0, n, dtype)
+    g = torch.Generator().manual_seed(1)
+    upstream = torch.randn(n, n, generator=g, dtype=dtype)
+    (d_sym, gx_sym, gc_sym), (d_gen, gx_gen, gc_gen) = both_paths(monkeypatch, x, c, upstream)
+    rel = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.equal(d_sym, d_sym.T)
+    torch.testing.assert_close(d_sym, d_gen, rtol=rel, atol=rel)
+    scale = gx_gen.abs().max()
+    torch.testing.assert_close(gx_sym / scale, gx_gen / scale, rtol=0, atol=10 * rel)
+    torch.testing.assert_close(gc_sym, gc_gen, rtol=10 * rel, atol=0)
+
+
+@pytest.mark.parametrize("case", ["origin", "boundary", "duplicates"])
+def test_matches_general_path_on_hard_points(monkeypatch, case):
+    """Points at the origin (W = 0, S = 0), near project's edge, and a few exact and near duplicates
+    (close pairs: recomputed explicitly, below the 1/16 fraction that sends float32 to the general
+    path's float64 redo)."""
+    c = 0.5
+    x = radial_points(120, 16, c, 3.0, 7).double()
+    if case == "origin":
+        x[:7] = 0
+    elif case == "boundary":
+        x = pb.project(x / x.norm(dim=1, keepdim=True), c)
+    else:
+        x[10:14] = x[0]
+        x[20] = x[1] * (1 + 1e-6)
+    x = x.float()
+    (d_sym, gx_sym, gc_sym), (d_gen, gx_gen, gc_gen) = both_paths(monkeypatch, x, c)
+    torch.testing.assert_close(d_sym, d_gen, rtol=2e-5, atol=2e-5)
+    assert torch.isfinite(gx_sym).all() and torch.isfinite(gc_sym)
+    scale = gx_gen.abs().max()
+    torch.testing.assert_close(gx_sym / scale, gx_gen / scale, rtol=0, atol=1e-4)
+    torch.testing.assert_close(gc_sym, gc_gen, rtol=1e-4, atol=0)
+
+
+def test_collapsed_batch_falls_back(monkeypatch):
+    """More than 1/16 of the pairs close (float32): the symmetric path declines, the general path
+    redoes the product in float64."""
+    dtypes = []
+    real = kernel._gram_W
+    monkeypatch.setattr(kernel, "_gram_W", lambda *a: dtypes.append(a[-1]) or real(*a))
+    x = radial_points(1, 16, 1.0, 2.0, 0).double()
+    g = torch.Generator().manual_seed(1)
+    x = (x + 3e-3 * torch.randn(64, 16, generator=g, dtype=torch.float64)).float()
+    assert kernel._symmetric_forward(x, *kernel._row_terms(x, 1.0), 1.0, True) is None
+    pb.pairwise_dist(x, x, 1.0)
+    assert dtypes == [torch.float32, torch.float64]
+
+
+def test_thread_count_does_not_change_results(monkeypatch):
+    """Each pair is evaluated by the same code whatever the band split: bit-identical."""
+    x = radial_points(700, 32, 0.1, 2.5, 3)
+    c = torch.tensor(0.1)
+    x2, inv_a = kernel._row_terms(x, 0.1)
+    outs = []
+    for threads in (1, 2, 3):
+        G = torch.empty(700, 700)
+        block = kernel._symmetric_block_rows(700)
+        for start in range(0, 700, block):
+            torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
+        S = torch.empty_like(G)
+        n_close = _native.symmetric_distance_tail(G, S, x2.float(), (0.2 * inv_a).float(), inv_a.float(),
+                                                  1 / math.sqrt(0.1), 0.07, threads)
+        assert n_close == 0
+        U = torch.randn(700, 700, generator=torch.Generator().manual_seed(0))
+        E = S.clone()
+        assert _native.symmetric_gradient_weights(U, E, threads)
+        outs.append((G, S, E))
+    for G, S, E in outs[1:]:
+        assert torch.equal(G, outs[0][0]) and torch.equal(S, outs[0][1]) and torch.equal(E, outs[0][2])
+    del c
+
+
+def test_gradient_weights_reference():
+    """E = U/S + (U/S)ᵀ off the diagonal, 0 on it; a broadcast U (``D.sum().backward()``) too."""
+    n = 37
+    g = torch.Generator().manual_seed(2)
+    A = torch.rand(n, n, generator=g, dtype=torch.float64) + 0.5
+    S = A + A.T
+    U = torch.randn(n, n, generator=g, dtype=torch.float64)
+    expected = (U + U.T) / S  # = U/S + (U/S)ᵀ as S is symmetric, in the kernel's rounding order
+    expected.fill_diagonal_(0)
+    E = S.clone()
+    assert _native.symmetric_gradient_weights(U, E)
+    assert torch.equal(E, expected)
+    E = S.clone()
+    assert _native.symmetric_gradient_weights(torch.ones(()).double().expand(n, n), E)
+    assert torch.equal(E, (2 / S).fill_diagonal_(0))
+
+
+def test_declines_what_it_cannot_do():
+    G = torch.zeros(4, 4)
+    v = torch.zeros(4)
+    assert _native.symmetric_distance_tail(G.double(), None, v, v, v, 1.0, 0.1) is None  # mixed dtypes
+    assert _native.symmetric_distance_tail(torch.zeros(4, 5), None, v, v, v, 1.0, 0.1) is None  # not square
+    assert _native.symmetric_distance_tail(G.T.contiguous()[:, :3], None, v[:3], v[:3], v[:3], 1.0, 0.1) is None
+    assert not _native.symmetric_gradient_weights(torch.zeros(4, 4).half(), torch.zeros(4, 4).half())
+    assert not _native.symmetric_gradient_weights(torch.zeros(3, 3), G)
+
+
+def test_nan_point_gives_nan_row():
+    x = radial_points(20, 8, 0.1, 2.0, 0)
+    x[3] = float("nan")
+    d = pb.pairwise_dist(x, x, 0.1)
+    assert torch.isnan(d[3]).all() and torch.isnan(d[:, 3]).all()
+    mask = torch.ones(20, dtype=torch.bool)
+    mask[3] = False
+    assert torch.isfinite(d[mask][:, mask]).all()
+
+
+def test_float64_gradcheck_through_symmetric_path():
+    x = radial_points(12, 5, 0.3, 2.0, 4, torch.float64).requires_grad_()
+    c = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, cc: pb.pairwise_dist(a, a, cc), (x, c))
