@@ -36,6 +36,9 @@ Usage:  python bench/distance.py            (N=M=900 and N=M=4096, D=128, ~2-3 m
         python bench/distance.py --radial [--quick] [--log1p]   (~2 min; --quick: N = 900 only)
         python bench/distance.py --radial --native-vs-torch   (the kernel's fused native tail and its
                                     torch fallback side by side; --no-native: the torch tail only)
+        python bench/distance.py --radial --symmetric-vs-general   (x is y: the symmetric path
+                                    (triangular product, native symmetric tail) against the general
+                                    path with the native tail, side by side in one run)
         python bench/distance.py --log1p    (adds aten log1p_ vs the kernel's log-based form)
 """
 from __future__ import annotations
@@ -244,9 +247,12 @@ def cpu_time(fn, x0: torch.Tensor, backward: bool) -> float:
 
 
 def _set_tail_path(path: str) -> None:
-    """Select the kernel tail's path for the following calls: "native" (the fused C loop, if it
-    builds here) or "torch" (the torch ops, as with PML_HYPERBOLIC_NATIVE=0)."""
+    """Select the kernel's path for the following calls: "native" (the fused C loops, if they build
+    here, with the symmetric path for x is y), "general" (the native tail without the symmetric
+    path, as with PML_HYPERBOLIC_SYMMETRIC=0) or "torch" (the torch ops, as with
+    PML_HYPERBOLIC_NATIVE=0)."""
     os.environ["PML_HYPERBOLIC_NATIVE"] = "0" if path == "torch" else "1"
+    os.environ["PML_HYPERBOLIC_SYMMETRIC"] = "0" if path == "general" else "1"
 
 
 def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
@@ -257,7 +263,7 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
     from pml_hyperbolic import _native
 
     previous = torch.get_num_threads()
-    previous_env = os.environ.get("PML_HYPERBOLIC_NATIVE")
+    previous_env = {k: os.environ.get(k) for k in ("PML_HYPERBOLIC_NATIVE", "PML_HYPERBOLIC_SYMMETRIC")}
     torch.set_num_threads(1)
     cosine = CosineSimilarity()
     kernel = lambda t: pb.pairwise_dist(t, t, C)
@@ -268,7 +274,8 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
         # which path "native" really is here (it falls back to torch when it cannot build)
         _set_tail_path("native")
         native_status = _native.status()
-        labels = {"native": "native" if native_status == "native" else "torch (fallback)", "torch": "torch"}
+        labels = {"native": "native" if native_status == "native" else "torch (fallback)", "torch": "torch",
+                  "general": "native, general path" if native_status == "native" else "torch (fallback)"}
         where = f" [{_native._state.get('path')}]" if native_status == "native" else ""
         print(f"kernel tail measured: {', '.join(labels[p] for p in paths)}; native tail here: {native_status}{where}")
         warm = ball_points(256, dim, 0)
@@ -316,10 +323,11 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
                           f"{m['cos'] * 1e3:.1f} | {rel:.1e} | {small:.1e} | {load:.2f} |", flush=True)
     finally:
         torch.set_num_threads(previous)
-        if previous_env is None:
-            os.environ.pop("PML_HYPERBOLIC_NATIVE", None)
-        else:
-            os.environ["PML_HYPERBOLIC_NATIVE"] = previous_env
+        for key, value in previous_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     for label in dict.fromkeys(r[2] for r in rows):
         mine = [r for r in rows if r[2] == label]
         worst = max(mine, key=lambda r: r[3])
@@ -406,6 +414,8 @@ def main(argv=None) -> int:
                         help="--radial: the kernel's torch tail only (as PML_HYPERBOLIC_NATIVE=0)")
     parser.add_argument("--native-vs-torch", action="store_true",
                         help="--radial: measure the native and the torch tail side by side in one run")
+    parser.add_argument("--symmetric-vs-general", action="store_true",
+                        help="--radial: the symmetric path (x is y) and the general path side by side in one run")
     parser.add_argument("--log1p-state", choices=("fresh", "after-pow"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-case", nargs=3, metavar=("NAME", "N", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -420,7 +430,8 @@ def main(argv=None) -> int:
         return 0
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, c = {C}, load average {os.getloadavg()[0]:.2f}")
     if args.radial:
-        paths = ("native", "torch") if args.native_vs_torch else ("torch",) if args.no_native else ("native",)
+        paths = (("native", "torch") if args.native_vs_torch else ("native", "general") if args.symmetric_vs_general
+                 else ("torch",) if args.no_native else ("native",))
         bench_radial((900,) if args.quick else (900, 4096), 128,
                      args.repeats // 2 if args.repeats > 20 else args.repeats, paths)
         if args.log1p:

@@ -439,3 +439,30 @@ PML_SYM_TAIL(pml_sym_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.ff
 
 PML_SYM_GRAD(pml_sym_grad_f32, float, pml_mirror_f32, pml_mirror_block_f32)
 PML_SYM_GRAD(pml_sym_grad_f64, double, pml_mirror_f64, pml_mirror_block_f64)
+
+/* Row terms of the kernel in float64: x2_i = ‖x_i‖² (each product exact for float32 input) and
+ * inv_a_i = 1 / max(1 - c x2_i, floor), for n contiguous rows of dim values. A NaN row gives NaN
+ * (not the floor: a NaN point must not pass for one on the boundary). */
+#define PML_ROW_TERMS(NAME, T)                                                                       \
+    PML_CLONES                                                                                       \
+    void NAME(const T *restrict x, long n, long dim, double c, double floor_a, double *restrict x2,   \
+              double *restrict inv_a)                                                                \
+    {                                                                                                \
+        for (long i = 0; i < n; ++i) {                                                               \
+            const T *restrict row = x + i * dim;                                                     \
+            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* 8 partial sums: the loop vectorises */      \
+            long k = 0;                                                                              \
+            for (; k + 8 <= dim; k += 8)                                                             \
+                for (int l = 0; l < 8; ++l)                                                          \
+                    acc[l] += (double)row[k + l] * (double)row[k + l];                               \
+            double sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])); \
+            for (; k < dim; ++k)                                                                     \
+                sum += (double)row[k] * (double)row[k];                                              \
+            const double a = 1.0 - c * sum;                                                          \
+            x2[i] = sum;                                                                             \
+            inv_a[i] = 1.0 / (a < floor_a ? floor_a : a); /* (NaN stays NaN, as clamp_min) */      \
+        }                                                                                            \
+    }
+
+PML_ROW_TERMS(pml_row_terms_f32, float)
+PML_ROW_TERMS(pml_row_terms_f64, double)

@@ -30,9 +30,8 @@ once and mirrors it (16 × 16 register transposes); the backward's weights E + E
 come from one native pass (S is exactly symmetric), not a division and a tiled transposed copy.
 Same closeness test, same explicit recomputation of close pairs; any case it does not cover
 (no native library, extreme points, GPU, a collapsed float32 batch) takes the general path below.
-Measured 2026-11-26 in one process, same points (head-like radii, 1 thread, load ~1.8): forward
-2.14-2.24 against 2.66-2.71 ms, forward+backward 5.29-5.36 against 6.03-6.12 ms at 900²; forward
-75-78 against 92 ms and forward+backward equal (158 ms) at 4096², where the tail is memory-bound.
+``PML_HYPERBOLIC_SYMMETRIC=0`` turns it off; ``python bench/distance.py --radial
+--symmetric-vs-general`` times both paths in one run (bench/README.md has the figures).
 
 A Gram product loses the small differences of nearby points: its absolute error on :math:`w_{ij}`
 is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`P` is below
@@ -86,6 +85,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -128,7 +128,11 @@ def _gram_error(dtype: torch.dtype, dim: int) -> float:
 
 def _row_terms(x: Tensor, c: float):
     """Float64 row quantities: ‖x‖² and 1/(1 − c‖x‖²) (floored at :data:`DENOM_FLOOR`: never a
-    division by zero)."""
+    division by zero); one native pass where it applies (:func:`pml_hyperbolic._native.row_terms`)."""
+    if x.device.type == "cpu":
+        done = _native.row_terms(x, c, DENOM_FLOOR)
+        if done is not None:
+            return done
     xd = x.double()
     x2 = torch.linalg.vecdot(xd, xd)
     inv_a = (1.0 - c * x2).clamp_min_(DENOM_FLOOR).reciprocal_()
@@ -407,6 +411,12 @@ def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor,
     return d
 
 
+def symmetric_enabled() -> bool:
+    """False when ``PML_HYPERBOLIC_SYMMETRIC=0`` (read at every call): x is y then takes the general
+    path too (``bench/distance.py --symmetric-vs-general`` times both in one run)."""
+    return os.environ.get("PML_HYPERBOLIC_SYMMETRIC", "1").strip() not in ("0", "false", "no", "off")
+
+
 def _symmetric_block_rows(n: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
     columns i0: (the part on and above the diagonal), about half the flops of one full product in
@@ -428,7 +438,7 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     n, dim = x.shape
     dtype = x.dtype
     if (x.device.type != "cpu" or dtype not in (torch.float32, torch.float64) or n < 2
-            or not _native.enabled() or _native.status() != "native"):
+            or not _native.enabled() or not symmetric_enabled() or _native.status() != "native"):
         return None
     G = torch.empty(n, n, dtype=dtype)
     block = _symmetric_block_rows(n)

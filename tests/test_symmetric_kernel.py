@@ -169,3 +169,23 @@ def test_float64_gradcheck_through_symmetric_path():
     x = radial_points(12, 5, 0.3, 2.0, 4, torch.float64).requires_grad_()
     c = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, cc: pb.pairwise_dist(a, a, cc), (x, c))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_row_terms_match_torch(dtype):
+    """The native float64 row terms against x.double() and vecdot: NaN rows stay NaN, points on or
+    outside the boundary get the floor."""
+    c = 0.7
+    x = radial_points(50, 37, c, 5.0, 0, dtype)  # 37: the 8-wide partial sums plus a remainder
+    x[3] = float("nan")
+    x[4] = 2.0 / math.sqrt(c * 37)  # outside the ball
+    x[5] = 0
+    x2, inv_a = _native.row_terms(x, c, kernel.DENOM_FLOOR)
+    xd = x.double()
+    x2_ref = torch.linalg.vecdot(xd, xd)
+    # (from the native x2: near the boundary 1/a amplifies x2's last-bit differences of summation order)
+    inv_ref = (1.0 - c * x2).clamp_min(kernel.DENOM_FLOOR).reciprocal()
+    torch.testing.assert_close(x2, x2_ref, rtol=1e-15, atol=0, equal_nan=True)
+    torch.testing.assert_close(inv_a, inv_ref, rtol=1e-15, atol=0, equal_nan=True)
+    assert torch.isnan(inv_a[3]) and inv_a[4] == 2.0 ** 60 and x2[5] == 0 and inv_a[5] == 1
+    assert _native.row_terms(x.T, c, kernel.DENOM_FLOOR) is None  # not contiguous: the torch path
