@@ -311,8 +311,8 @@ def _tile_row_bounds(n: int, threads: int) -> list[int]:
 def symmetric_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor, q: Tensor,
                             inv_sqrt_c: float, close_factor: float, threads: int = 1) -> int | None:
     """In place, for x is y: ``G`` holds x xᵀ on and above its diagonal; afterwards it holds the full
-    symmetric distance matrix D (and ``S``, when given, S = √(W + W²/2)), with s = x2_i + x2_j −
-    2G_ij, W = s·p2_i·q_j. Pairs with s < close_factor·(x2_i + x2_j) get D = −1 (to be recomputed
+    symmetric distance matrix D, and ``S``, when given, S = √(W + W²/2) on and above its diagonal
+    (its lower triangle is left as it was), with s = x2_i + x2_j − 2G_ij, W = s·p2_i·q_j. Pairs with s < close_factor·(x2_i + x2_j) get D = −1 (to be recomputed
     by the caller); returns their number (both orientations), or None (nothing written) when the
     native path does not apply."""
     if not enabled() or G.ndim != 2 or G.shape[0] != G.shape[1] or not _usable(G, x2, p2, q):
@@ -336,8 +336,8 @@ def symmetric_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor,
 
 
 def symmetric_gradient_weights(U: Tensor, S: Tensor, threads: int = 1) -> bool:
-    """In place, for x is y: S (symmetric, from :func:`symmetric_distance_tail`) becomes
-    E = U/S + (U/S)ᵀ, i.e. (U_ij + U_ji)/S_ij off the diagonal and 0 on it. ``U`` may have any
+    """In place, for x is y: S (from :func:`symmetric_distance_tail`: only its part on and above the
+    diagonal is read) becomes E = U/S + (U/S)ᵀ, i.e. (U_ij + U_ji)/S_ij off the diagonal and 0 on it. ``U`` may have any
     non-negative strides (a broadcast upstream gradient, as from ``D.sum().backward()``, is read
     in place: making it contiguous cost 0.5 ms at 900², a tenth of a forward+backward). Returns
     False (nothing written) when the native path does not apply."""

@@ -26,7 +26,8 @@ Symmetric forward (x is y on CPU, the call of PML's losses: ``compute_mat(emb, e
 matrix is symmetric, so :func:`_symmetric_forward` computes the Gram product x xᵀ only on and
 above the diagonal (row blocks written straight into the output: 0.84 against 1.26 ms at 900²,
 18 against 49 ms at 4096², 1 thread) and the native symmetric tail evaluates each unordered pair
-once and mirrors it (16 × 16 register transposes); the backward's weights E + Eᵀ = (U + Uᵀ)/S then
+once and mirrors it (16 × 16 register transposes; S, kept for the backward, only above the
+diagonal); the backward's weights E + Eᵀ = (U + Uᵀ)/S then
 come from one native pass (S is exactly symmetric), not a division and a tiled transposed copy.
 Same closeness test, same explicit recomputation of close pairs; any case it does not cover
 (no native library, extreme points, GPU, a collapsed float32 batch) takes the general path below.
@@ -384,6 +385,14 @@ def _symmetrize_(E: Tensor, tile: int = 512) -> Tensor:
     return E
 
 
+def _mirror_upper_(M: Tensor) -> Tensor:
+    """M's part above the diagonal copied below it, in place (the rare backward of a symmetric
+    forward that cannot use the native symmetric weights: x and y the same data but distinct
+    tensors, or an upstream gradient with negative strides)."""
+    lower = torch.ones(M.shape, dtype=torch.bool, device=M.device).tril_(-1)
+    return M.masked_scatter_(lower, M.T[lower])
+
+
 def _folded_F(z: Tensor, x: Tensor, x2: Tensor, p: Tensor) -> Tensor:
     """Σ_j E_ij w_ij = p_i (‖x_i‖² Σ_j E_ij q_j + Σ_j E_ij q_j‖y_j‖² − 2 x_i·Σ_j E_ij q_j y_j),
     from ``z = E @ [q y, q, q‖y‖²]``."""
@@ -616,6 +625,8 @@ class PoincarePairwiseDist(torch.autograd.Function):
             # x is y, both gradients wanted, S symmetric from the native forward: E' + E'ᵀ =
             # (U + Uᵀ)/S in one tiled pass (no E' then transposed copies), diagonal 0
             symmetric = combined and ctx.symmetric_S and _native.symmetric_gradient_weights(grad, S, torch.get_num_threads())
+            if ctx.symmetric_S and not symmetric:  # the symmetric forward filled S above the diagonal only
+                S = _mirror_upper_(S)
             E = S if symmetric else torch.div(grad, S, out=S)
             if ctx.same and not symmetric:  # x_i = y_i: both terms of the gradient are 0 there
                 E.diagonal().zero_()

@@ -124,7 +124,8 @@ def test_thread_count_does_not_change_results(monkeypatch):
         assert _native.symmetric_gradient_weights(U, E, threads)
         outs.append((G, S, E))
     for G, S, E in outs[1:]:
-        assert torch.equal(G, outs[0][0]) and torch.equal(S, outs[0][1]) and torch.equal(E, outs[0][2])
+        # (S is written on and above the diagonal only)
+        assert torch.equal(G, outs[0][0]) and torch.equal(S.triu(), outs[0][1].triu()) and torch.equal(E, outs[0][2])
     del c
 
 
@@ -189,3 +190,24 @@ def test_native_row_terms_match_torch(dtype):
     torch.testing.assert_close(inv_a, inv_ref, rtol=1e-15, atol=0, equal_nan=True)
     assert torch.isnan(inv_a[3]) and inv_a[4] == 2.0 ** 60 and x2[5] == 0 and inv_a[5] == 1
     assert _native.row_terms(x.T, c, kernel.DENOM_FLOOR) is None  # not contiguous: the torch path
+
+
+@pytest.mark.parametrize("flag", ["1", "0"])
+def test_same_data_distinct_tensors(monkeypatch, flag):
+    """x and x.detach() share their data (the symmetric forward runs) but only x wants a gradient:
+    the backward takes the general route and needs S below the diagonal too (mirrored first).
+    Against the closed form of the one-sided gradient computed through two distinct tensors."""
+    monkeypatch.setenv("PML_HYPERBOLIC_SYMMETRIC", flag)
+    x = radial_points(70, 12, 0.2, 3.0, 5)
+    U = torch.randn(70, 70, generator=torch.Generator().manual_seed(3))
+    a = x.clone().requires_grad_()
+    (pb.pairwise_dist(a, a.detach(), 0.2) * U).sum().backward()
+    b = x.clone().requires_grad_()
+    (pb.pairwise_dist(b, x.clone(), 0.2) * U).sum().backward()  # distinct data: general path
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_mirror_upper():
+    M = torch.arange(16.0).view(4, 4)
+    out = kernel._mirror_upper_(M.clone())
+    assert torch.equal(out, torch.triu(M) + torch.triu(M, 1).T)
