@@ -292,29 +292,36 @@ def _usable(*tensors: Tensor) -> bool:
         t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous() for t in tensors)
 
 
-def _tile_row_bounds(n: int, threads: int) -> list[int]:
-    """Band boundaries splitting the upper triangle of an n×n matrix into ``threads`` parts of about
-    equal area (band t of n_bands holds about n_bands - t blocks), fewer for small matrices."""
+def _tile_row_bounds(n: int, threads: int, first: int = 0, end: int | None = None) -> list[int]:
+    """Band boundaries splitting bands [first, end) of the upper triangle of an n×n matrix (all
+    bands by default) into ``threads`` parts of about equal area (band t of n_bands holds about
+    n_bands - t blocks), fewer for small parts."""
     tiles = -(-n // _SYM_TILE)
-    parts = max(1, min(int(threads), tiles, (n * n // 2) // _MIN_ELEMENTS_PER_THREAD))
-    total = tiles * (tiles + 1) / 2
-    bounds, done, t = [0], 0.0, 0
+    end = tiles if end is None else min(end, tiles)
+    sizes = [tiles - t for t in range(first, end)]
+    total = float(sum(sizes))
+    parts = max(1, min(int(threads), len(sizes), int(total * _SYM_TILE * _SYM_TILE) // _MIN_ELEMENTS_PER_THREAD))
+    bounds, done, t = [first], 0.0, first
     for k in range(1, parts):
-        while t < tiles and done < total * k / parts:
+        while t < end and done < total * k / parts:
             done += tiles - t
             t += 1
         bounds.append(t)
-    bounds.append(tiles)
+    bounds.append(end)
     return sorted(set(bounds))
 
 
 def symmetric_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor, q: Tensor,
-                            inv_sqrt_c: float, close_factor: float, threads: int = 1) -> int | None:
+                            inv_sqrt_c: float, close_factor: float, threads: int = 1,
+                            rows: tuple[int, int] | None = None) -> int | None:
     """In place, for x is y: ``G`` holds x xᵀ on and above its diagonal; afterwards it holds the full
     symmetric distance matrix D, and ``S``, when given, S = √(W + W²/2) on and above its diagonal
-    (its lower triangle is left as it was), with s = x2_i + x2_j − 2G_ij, W = s·p2_i·q_j. Pairs with s < close_factor·(x2_i + x2_j) get D = −1 (to be recomputed
-    by the caller); returns their number (both orientations), or None (nothing written) when the
-    native path does not apply."""
+    (its lower triangle is left as it was), with s = x2_i + x2_j − 2G_ij, W = s·p2_i·q_j. Pairs with
+    s < close_factor·(x2_i + x2_j) get D = −1 (to be recomputed by the caller); returns their
+    number (both orientations), or None (nothing written) when the native path does not apply.
+    ``rows = (begin, end)`` (multiples of the band height, 16, except an end at n) does the pairs
+    (i, j > i) of those rows only (with their mirror): the caller runs it on each block of the
+    Gram product right after that block, while it is still in cache."""
     if not enabled() or G.ndim != 2 or G.shape[0] != G.shape[1] or not _usable(G, x2, p2, q):
         return None
     n = G.shape[0]
@@ -326,9 +333,20 @@ def symmetric_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor,
     if lib is None:
         return None
     fn = lib.pml_sym_tail_f32 if G.dtype == torch.float32 else lib.pml_sym_tail_f64
-    bounds = _tile_row_bounds(n, threads)
-    counts = [ctypes.c_long(0) for _ in bounds[:-1]]
+    first, end = 0, -(-n // _SYM_TILE)
+    if rows is not None:
+        begin, stop = rows
+        if begin % _SYM_TILE or (stop % _SYM_TILE and stop != n) or not 0 <= begin <= stop <= n:
+            raise ValueError(f"rows must be band-aligned ({_SYM_TILE}) within [0, {n}], got {rows}")
+        first, end = begin // _SYM_TILE, -(-stop // _SYM_TILE)
     s_ptr = S.data_ptr() if S is not None else None
+    if threads <= 1:  # (no split, no pool: the caller may call this once per Gram block)
+        count = ctypes.c_long(0)
+        fn(G.data_ptr(), s_ptr, x2.data_ptr(), p2.data_ptr(), q.data_ptr(), n, inv_sqrt_c, close_factor,
+           first, end, ctypes.byref(count))
+        return count.value
+    bounds = _tile_row_bounds(n, threads, first, end)
+    counts = [ctypes.c_long(0) for _ in bounds[:-1]]
     _in_parallel([functools.partial(fn, G.data_ptr(), s_ptr, x2.data_ptr(), p2.data_ptr(), q.data_ptr(), n,
                                     inv_sqrt_c, close_factor, bounds[k], bounds[k + 1], ctypes.byref(counts[k]))
                   for k in range(len(counts))])

@@ -211,3 +211,22 @@ def test_mirror_upper():
     M = torch.arange(16.0).view(4, 4)
     out = kernel._mirror_upper_(M.clone())
     assert torch.equal(out, torch.triu(M) + torch.triu(M, 1).T)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tail_by_row_blocks_equals_one_call(threads):
+    """The tail run per Gram block (``rows=``) gives the matrix of one call, bit for bit."""
+    n = 300
+    x = radial_points(n, 16, 0.1, 2.5, 8)
+    x2, inv_a = kernel._row_terms(x, 0.1)
+    vectors = (x2.float(), (0.2 * inv_a).float(), inv_a.float())
+    G = x @ x.T
+    whole, blocks = G.clone(), G.clone()
+    assert _native.symmetric_distance_tail(whole, None, *vectors, 1 / math.sqrt(0.1), 0.07, threads) == 0
+    for start in range(0, n, 64):
+        assert _native.symmetric_distance_tail(blocks, None, *vectors, 1 / math.sqrt(0.1), 0.07, threads,
+                                               rows=(start, min(n, start + 64))) == 0
+    assert torch.equal(whole, blocks)
+    for bad in ((8, 64), (0, 40), (64, 32), (0, 400)):
+        with pytest.raises(ValueError, match="band-aligned"):
+            _native.symmetric_distance_tail(G.clone(), None, *vectors, 1.0, 0.07, threads, rows=bad)
