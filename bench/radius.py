@@ -166,6 +166,10 @@ HIER_SETTINGS = {"weight": 3.0, "ms_weight": 0.3, "num_proxies": 128, "max_tripl
                  "margin": 0.1, "positives": "labels"}
 
 
+# The ball's curvature and the pairwise CE's temperature of every hyperbolic cell (--c, --pce-temperature:
+# the Spearman probe of issue 13 varies them; the defaults are Hyp-ViT's glyph settings).
+CELL_SETTINGS = {"c": 0.1, "pce_temperature": 0.2}
+
 RADIUS_TERMS = ("cal", "copies")
 
 
@@ -211,7 +215,7 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
         raise ValueError(f"no spherical form of {loss_name!r}")
     if loss_name == "supcon" or (loss_name in ("ms", "mshier") and head_name != "polar"):
         raise ValueError(f"{loss_name} runs on the sphere head (ms, mshier: also the polar head)")
-    geometry = PoincareGeometry(c=0.1, clip="tanh" if head_name == "tanh" else "hard", clip_r=2.3)
+    geometry = PoincareGeometry(c=CELL_SETTINGS["c"], clip="tanh" if head_name == "tanh" else "hard", clip_r=2.3)
     head = HyperbolicEmbeddingHead(feature_dim, embedding_dim, c=geometry,
                                    radius="learned" if head_name == "polar" else "norm")
     distance = PoincareDistance(c=geometry)
@@ -222,7 +226,7 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
     elif loss_name == "uml":
         loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, clip_r=2.3, distance=distance)
     else:
-        loss = PairwiseCrossEntropyLoss(temperature=0.2, distance=distance)
+        loss = PairwiseCrossEntropyLoss(temperature=CELL_SETTINGS["pce_temperature"], distance=distance)
     if loss_name in ("hier", "mshier"):
         from pml_hyperbolic.losses import HIERLoss
 
@@ -484,12 +488,18 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hier", default="", help="HIER settings, e.g. 'weight=3,num_proxies=512' (default: "
                    + ", ".join(f"{k}={v}" for k, v in HIER_SETTINGS.items()) + ")")
+    p.add_argument("--c", type=float, default=CELL_SETTINGS["c"], help="curvature of the hyperbolic cells")
+    p.add_argument("--pce-temperature", type=float, default=CELL_SETTINGS["pce_temperature"],
+                   help="temperature of the pairwise cross-entropy cells (pce, hier)")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--leave-one-out", action="store_true",
                    help="Only the generalisation check of --degraded-copies: train polar pce+cal+copies with the "
                         "degraded copies of two kinds, report the AUROC degraded of each test kind")
     a = p.parse_args(argv)
     qc.set_threads(a.threads)
+    if not (a.c > 0 and a.pce_temperature > 0):
+        p.error(f"--c and --pce-temperature must be > 0, got {a.c} and {a.pce_temperature}")
+    CELL_SETTINGS.update(c=a.c, pce_temperature=a.pce_temperature)
     seeds = [int(s) for s in a.seeds.split(",")]
     for item in filter(None, a.hier.split(",")):
         key, value = item.split("=")
