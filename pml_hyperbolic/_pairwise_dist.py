@@ -456,13 +456,17 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
     row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
     block, threads, n_close = _symmetric_block_rows(n), torch.get_num_threads(), 0
-    for start in range(0, n, block):  # each block's tail right after its product, still in cache
+    # 1 thread: each block's tail right after its product, still in cache; several: all products,
+    # then one tail split over the threads (a block's tail is too small to share)
+    starts = range(0, n, block)
+    for start in starts:
         torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
-        done = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, threads,
-                                               rows=(start, min(n, start + block)))
-        n_close = None if done is None else n_close + done
-        if n_close is None:
-            break
+        if threads == 1:
+            done = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, 1,
+                                                   rows=(start, min(n, start + block)))
+            n_close = None if done is None or n_close is None else n_close + done
+    if threads > 1:
+        n_close = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, threads)
     if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
         if S is not None:
             _give_scratch(S)

@@ -230,3 +230,23 @@ def test_tail_by_row_blocks_equals_one_call(threads):
     for bad in ((8, 64), (0, 40), (64, 32), (0, 400)):
         with pytest.raises(ValueError, match="band-aligned"):
             _native.symmetric_distance_tail(G.clone(), None, *vectors, 1.0, 0.07, threads, rows=bad)
+
+
+def test_two_threads_match_one(monkeypatch):
+    """With 2 torch threads the symmetric forward runs all products first, then one tail split
+    over the threads (and the backward's weights too): the same matrix and gradient within the
+    products' rounding (the GEMM's blocking may differ with the thread count)."""
+    x = radial_points(600, 32, 0.1, 2.5, 11)
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            xi = x.clone().requires_grad_()
+            d = pb.pairwise_dist(xi, xi, 0.1)
+            (d * d).sum().backward()
+            results.append((d.detach(), xi.grad))
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-4)
