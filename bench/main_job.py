@@ -4,8 +4,8 @@
     python bench/main_job.py                 # 1 thread (the default), run folder in a temp dir
     python bench/main_job.py --threads 2     # what the recipe would use on the 2-core machine
     python bench/main_job.py --as-before     # without issue 16's feature cache, chunking, kept memory,
-                                             # greyscale glyph pipeline, cached glyph archive, gc.freeze
-    python bench/main_job.py --channels-last # experiment: a faster trunk layout (not bit-exact)
+                                             # greyscale glyph pipeline, cached glyph archive, gc.freeze,
+                                             # channels-last trunk (--memory-format contiguous)
     python bench/main_job.py -- --epochs 1   # extra arguments after -- go to the recipe
 
 The recipe runs in this process; its phases are timed by wrapping methods of the classes it uses
@@ -88,19 +88,6 @@ def wrap_method(owner, attribute: str, clock: PhaseClock, phase: str) -> None:
     setattr(owner, attribute, timed)
 
 
-def to_channels_last(model) -> None:
-    """Weights and every input of ``model`` in channels-last memory format."""
-    import torch
-
-    model.to(memory_format=torch.channels_last)
-    original = model.forward
-
-    def forward(x, *args, **kwargs):
-        return original(x.contiguous(memory_format=torch.channels_last), *args, **kwargs)
-
-    model.forward = forward
-
-
 def force_keywords(cls, **forced) -> None:
     """Make ``cls(...)`` always receive ``forced`` keyword values (whatever its caller passes)."""
     original = cls.__init__
@@ -158,12 +145,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--as-before", action="store_true",
                         help="turn off what issue 16 added (the tester's frozen-trunk feature cache, the CPU "
                              "trunk chunking and the kept freed memory, in tester and trainer; the greyscale glyph "
-                             "pipeline, the cached glyph archive and the frozen long-lived objects): the same "
+                             "pipeline, the cached glyph archive, the frozen long-lived objects and the "
+                             "channels-last trunk): the same "
                              "code's 'before', in the same checkout (the one-axes retrieval grid and the single "
                              "checkpoint serialisation stay)")
-    parser.add_argument("--channels-last", action="store_true",
-                        help="experiment: run the trunk in channels-last memory format (faster on CPU, but "
-                             "other kernels: the embeddings change in the 5th digit, so the job does not use it)")
     parser.add_argument("recipe_args", nargs="*", help="extra recipe arguments (after --)")
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -206,22 +191,22 @@ def main(argv=None) -> dict:
             setup_model(self)
         # instance-level wraps: the same modules run in training ("trunk") and evaluation
         # ("evaluation/trunk"); the phase names follow the caller
-        if args.channels_last:
-            to_channels_last(self.trunk)
         wrap_method(self.trunk, "forward", clock, "trunk")
         wrap_method(self.head, "forward", clock, "head")
 
     runner.Recipe.setup_model = timed_setup_model
 
+    before_args = ["--memory-format", "contiguous"] if args.as_before else []
     with tempfile.TemporaryDirectory() as tmp:
-        results = recipe.main(["--output-dir", os.path.join(tmp, "run"), "--no-tensorboard", *args.recipe_args])
+        results = recipe.main(["--output-dir", os.path.join(tmp, "run"), "--no-tensorboard", *before_args,
+                               *args.recipe_args])
     clock.switch("other")
     cpu = time.process_time() - _CPU0
     wall = time.perf_counter() - _WALL0
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     child_cpu = children.ru_utime + children.ru_stime
 
-    variant = (", as before" if args.as_before else "") + (", channels-last" if args.channels_last else "")
+    variant = ", as before" if args.as_before else ""
     print(f"\nmain job (bench/main_job.py, threads {args.threads}{variant}, load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} CPUs)")
     order = ["imports", "data", "model setup", "trunk", "head", "head+loss", "evaluation", "checkpoints", "plots",
