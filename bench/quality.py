@@ -43,9 +43,10 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
 hierarchical log-ratio loss (labels never used: pseudo-labels from the package's
-``UnsupervisedPseudoLabels`` defaults — one level of 128 Ward clusters of the pre-trained (step-0)
-features, PCA-whitened to 256-d, computed once; chosen on a validation split by
-``bench/unsupervised_pseudo_labels.py``; Ω = 1.2, the loss's default; the
+``UnsupervisedPseudoLabels`` defaults — one level of 512 Ward clusters of the pre-trained (step-0)
+features, PCA-whitened to 256-d, computed once; the head warm-started as the PCA whitening of the
+training images' trunk outputs at 10× the random init's norm; chosen on a validation split by
+``bench/unsupervised_pseudo_labels.py --protocol recipe``; Ω = 1.2, the loss's default; the
 paper's average linkage on the embeddings with levels (100, 70, 40, 10) and Ω = 10 is
 ``UnsupervisedPseudoLabels.paper()`` + ``omega=10.0``) · ``unsup_kmeans`` its baseline with the same
 budget (k-means k = 100 pseudo-labels + PML ``TripletMarginLoss``) · ``hcl`` HCL on scenes composed
@@ -109,7 +110,8 @@ def build_rows():
             ["--loss", "triplet", "--uncertainty-mode", "literal"] + NO_COPIES),
         Row("hier_margin", "Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1)",
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ["--supervised"]),
-        Row("unsup_logratio", "Unsupervised: pseudo-labels (128 ward clusters, whitened features) + log-ratio (Ω=1.2)",
+        Row("unsup_logratio", "Unsupervised: pseudo-labels (512 ward clusters, whitened features) + log-ratio (Ω=1.2), "
+            "whitening-initialised head",
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
         Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss", "baseline",
             ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),

@@ -108,8 +108,8 @@ def test_policy_sources_and_paper_setting():
                               "min_cluster_size": 4, "whiten": None}
     assert UnsupervisedPseudoLabels.paper().levels == PAPER_PSEUDO_LEVELS == (100, 70, 40, 10)
     default = UnsupervisedPseudoLabels()
-    assert default.levels == DEFAULT_PSEUDO_LEVELS == (128,)
-    assert default.config() == {"levels": (128,), "linkage": "ward", "source": "features", "min_cluster_size": 4,
+    assert default.levels == DEFAULT_PSEUDO_LEVELS == (512,)  # chosen on validation (issue 13; was (128,))
+    assert default.config() == {"levels": (512,), "linkage": "ward", "source": "features", "min_cluster_size": 4,
                                 "whiten": 256}
     assert paper.uses_features() and not paper.uses_embeddings()
     paper(features=feats)
@@ -162,3 +162,60 @@ def test_policy_levels_capped_for_small_datasets():
     pts, blob = _blobs(n_per=3)  # 12 points, 4 per cluster at most 3 clusters
     out = UnsupervisedPseudoLabels(levels=(8, 2), whiten=None)(features=np.c_[pts, np.ones(len(pts))])
     assert out.shape == (12, 2) and int(out[:, 0].max()) + 1 <= 3 and np.bincount(out[:, 0].numpy()).min() >= 4
+
+
+# ------------------------------------------------------------------ warm start of the head (whitening)
+
+
+def _correlated_features(n=300, f=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, f, generator=g, dtype=torch.float64) @ torch.randn(f, f, generator=g, dtype=torch.float64)
+    return (x + 5.0).float()  # a large common offset, like pooled ReLU features
+
+
+def test_whitening_head_init_reference():
+    from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+
+    x = _correlated_features()
+    linear = torch.nn.Linear(12, 5)
+    weight_before = linear.weight
+    assert whitening_head_init(linear, x, scale=2.0) == 5
+    assert linear.weight is weight_before                       # in place: optimisers keep their parameters
+    with torch.no_grad():
+        y = linear(x).double()
+    assert torch.allclose(y.mean(0), torch.zeros(5, dtype=torch.float64), atol=1e-4)   # centred
+    cov = (y.T @ y) / (len(y) - 1)
+    assert torch.allclose(cov, cov[0, 0] * torch.eye(5, dtype=torch.float64), atol=1e-3 * float(cov[0, 0]))
+    assert float(linear.weight.detach().norm()) == pytest.approx(2.0 * np.sqrt(5), rel=1e-5)     # scale × √min(D, F)
+    # the same directions as pca_whiten, up to the overall scale (and each axis' sign)
+    w = pca_whiten(x, 5)
+    ratio = (y * w).sum(0) / (w * w).sum(0)
+    assert torch.allclose(ratio.abs(), ratio.abs()[0].expand(5), rtol=1e-3)
+
+
+def test_whitening_head_init_more_rows_than_rank():
+    from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+
+    x = _correlated_features(n=40, f=3)
+    linear = torch.nn.Linear(3, 8)
+    assert whitening_head_init(linear, x) == 3
+    assert torch.count_nonzero(linear.weight[3:]) == 0 and torch.count_nonzero(linear.bias[3:]) == 0
+    assert float(linear.weight.detach().norm()) == pytest.approx(np.sqrt(3), rel=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(linear=torch.nn.Conv1d(12, 4, 1)), "Linear"),
+    (dict(linear=torch.nn.Linear(12, 4, bias=False)), "bias"),
+    (dict(scale=0.0), "scale"), (dict(scale=-1.0), "scale"), (dict(scale=float("inf")), "scale"),
+    (dict(scale=True), "scale"), (dict(scale="3"), "scale"),
+    (dict(features=torch.zeros(10, 7)), "shape"), (dict(features=torch.zeros(1, 12)), "shape"),
+    (dict(features=torch.full((10, 12), float("nan"))), "NaN"),
+    (dict(features=torch.ones(10, 12)), "rank 0"),
+])
+def test_whitening_head_init_bad_arguments(kwargs, match):
+    from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+
+    args = dict(linear=torch.nn.Linear(12, 4), features=_correlated_features(), scale=1.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        whitening_head_init(args["linear"], args["features"], scale=args["scale"])

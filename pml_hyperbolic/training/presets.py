@@ -7,15 +7,23 @@ see ``shared/papers/README.md`` in the project notes and each recipe's docstring
 from __future__ import annotations
 
 __all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS", "PAPER_PSEUDO_LEVELS", "DEFAULT_PSEUDO_LEVELS",
-           "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES", "HCL_PAPER_HYPERBOLIC_WEIGHT", "HCL_GLYPH_TRUNK_LR",
-           "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_CHOICE_COMMAND"]
+           "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES", "UNSUPERVISED_HEAD_INITS",
+           "DEFAULT_UNSUPERVISED_HEAD_INIT", "DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE", "HCL_PAPER_HYPERBOLIC_WEIGHT",
+           "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_CHOICE_COMMAND"]
 
 # Pseudo-label settings of the unsupervised method (used by ``training.pseudo_labels``, which explains
 # how the defaults were chosen, and by the recipe's --help, which must not import torch).
 PAPER_PSEUDO_LEVELS = (100, 70, 40, 10)   # Yan et al. Table 2, K = 4
-DEFAULT_PSEUDO_LEVELS = (128,)            # chosen on the glyph validation split (training.pseudo_labels)
+DEFAULT_PSEUDO_LEVELS = (512,)            # chosen on the glyph validation split (training.pseudo_labels)
 PSEUDO_LABEL_LINKAGES = ("ward", "average")
 PSEUDO_LABEL_SOURCES = ("features", "features_then_embeddings", "embeddings")
+# Warm start of the unsupervised recipe's head (``training.pseudo_labels.whitening_head_init``):
+# "random" = the head's own (semi-)orthogonal init (the paper), "whiten" = PCA whitening of the
+# training images' trunk outputs; the scale sets the AdamW step's reach around it. Defaults chosen
+# with the levels above on the glyph validation split (training.pseudo_labels has the table).
+UNSUPERVISED_HEAD_INITS = ("random", "whiten")
+DEFAULT_UNSUPERVISED_HEAD_INIT = "whiten"
+DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 
 # HCL (Ge et al., CVPR'23). The paper weighs its hyperbolic scene->object loss 0.1 (the recipe's
 # default with --annotations). On the bundled glyphs the trunk learning rate and that weight were
