@@ -455,9 +455,13 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     S = _take_scratch(G) if keep_S else None
     factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
     row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
-    block, threads, n_close = _symmetric_block_rows(n), torch.get_num_threads(), 0
+    threads, n_close = torch.get_num_threads(), 0
     # 1 thread: each block's tail right after its product, still in cache; several: all products,
-    # then one tail split over the threads (a block's tail is too small to share)
+    # then one tail split over the threads (a block's tail is too small to share), and only three
+    # blocks (67% of a full product's flops): each product is a parallel region whose barrier waits
+    # for a descheduled thread when the machine turns busy (bench/under_load.py: with ~11 blocks at
+    # 4,096² the 2-thread wall reached 1.3-1.7× the 1-thread wall beside two other jobs)
+    block = _symmetric_block_rows(n) if threads == 1 else -(-n // 3) // 16 * 16 + 16
     starts = range(0, n, block)
     for start in starts:
         torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
