@@ -275,14 +275,16 @@ def run_recipe(cfg, bank, names, seeds, log=print, split="val"):
     return rows
 
 
+def per(xs):
+    """Mean R@1 in %, with the per-seed values when there are several ("—" for None)."""
+    if xs is None:
+        return "—"
+    each = f" ({', '.join(f'{100 * x:.1f}' for x in xs)})" if len(xs) > 1 else ""
+    return f"{100 * np.mean(xs):.1f}{each}"
+
+
 def recipe_table(rows, split="val"):
     lines = [f"| setting | recipe flags | {split} R@1 before training | {split} R@1 after |", "|---|---|---:|---:|"]
-
-    def per(xs):
-        if xs is None:
-            return "—"
-        each = f" ({', '.join(f'{100 * x:.1f}' for x in xs)})" if len(xs) > 1 else ""
-        return f"{100 * np.mean(xs):.1f}{each}"
     for r in rows:
         flags = " ".join(r.get("flags", [])) or ("recipe defaults" if "flags" in r else "—")
         lines.append(f"| {r['name']} | {flags} | {per(r['before'])} | {per(r['val'])} |")
@@ -292,12 +294,6 @@ def recipe_table(rows, split="val"):
 def table(rows):
     lines = ["| setting | pseudo-labels | levels (1st labelling) | largest | pair prec. | NMI | val R@1 | test R@1 |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
-
-    def per(xs):
-        if xs is None:
-            return "—"
-        each = f" ({', '.join(f'{100 * x:.1f}' for x in xs)})" if len(xs) > 1 else ""
-        return f"{100 * np.mean(xs):.1f}{each}"
     for r in rows:
         name = f"**{r['name']}** (best val)" if r.get("chosen") else r["name"]
         if "stats" in r:
