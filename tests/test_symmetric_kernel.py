@@ -250,3 +250,20 @@ def test_two_threads_match_one(monkeypatch):
         torch.set_num_threads(previous)
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-4)
+
+
+def test_non_contiguous_and_float64_duplicates(monkeypatch):
+    """A strided view (row terms then come from torch) and a float64 batch with many exact duplicates
+    (float64 has no fallback fraction: every close pair is recomputed explicitly)."""
+    x = radial_points(400, 24, 0.1, 2.5, 12)[::2]
+    assert not x.is_contiguous()
+    (d_sym, gx_sym, _), (d_gen, gx_gen, _) = both_paths(monkeypatch, x, 0.1)
+    torch.testing.assert_close(d_sym, d_gen, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx_sym, gx_gen, rtol=1e-4, atol=1e-4)
+    y = radial_points(60, 8, 0.5, 2.0, 13, torch.float64)
+    y[20:40] = y[0]
+    (d_sym, gx_sym, gc_sym), (d_gen, gx_gen, gc_gen) = both_paths(monkeypatch, y, 0.5)
+    assert torch.all(d_sym[0, 20:40] == 0) and torch.all(d_sym[20:40, 20:40] == 0)
+    torch.testing.assert_close(d_sym, d_gen, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gx_sym, gx_gen, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(gc_sym, gc_gen, rtol=1e-10, atol=0)
