@@ -59,9 +59,15 @@ _state: dict = {}  # "lib": the loaded CDLL or None, "reason": why not, "key": t
 _pool: tuple | None = None  # (ThreadPoolExecutor, its size, the pid that made it)
 
 
+def switched_on(variable: str) -> bool:
+    """An on/off environment switch, on unless set to 0, false, no or off (read at every call, so
+    tests can flip it)."""
+    return os.environ.get(variable, "1").strip() not in ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    """False when ``PML_HYPERBOLIC_NATIVE=0`` (read at every call, so tests can flip it)."""
-    return os.environ.get("PML_HYPERBOLIC_NATIVE", "1").strip() not in ("0", "false", "no", "off")
+    """False when ``PML_HYPERBOLIC_NATIVE=0``."""
+    return switched_on("PML_HYPERBOLIC_NATIVE")
 
 
 def cache_dir() -> Path:
@@ -355,13 +361,13 @@ def symmetric_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor,
 
 def symmetric_gradient_weights(U: Tensor, S: Tensor, threads: int = 1) -> bool:
     """In place, for x is y: S (from :func:`symmetric_distance_tail`: only its part on and above the
-    diagonal is read) becomes E = U/S + (U/S)ᵀ, i.e. (U_ij + U_ji)/S_ij off the diagonal and 0 on it. ``U`` may have any
-    non-negative strides (a broadcast upstream gradient, as from ``D.sum().backward()``, is read
-    in place: making it contiguous cost 0.5 ms at 900², a tenth of a forward+backward). Returns
-    False (nothing written) when the native path does not apply."""
+    diagonal is read) becomes E = U/S + (U/S)ᵀ, i.e. (U_ij + U_ji)/S_ij off the diagonal and 0 on
+    it. ``U`` may have any strides (a broadcast upstream gradient, as from ``D.sum().backward()``,
+    is read in place: making it contiguous cost 0.5 ms at 900², a tenth of a forward+backward).
+    Returns False (nothing written) when the native path does not apply."""
     if not enabled() or S.ndim != 2 or S.shape[0] != S.shape[1] or U.shape != S.shape:
         return False
-    if not _usable(S) or U.dtype != S.dtype or U.device.type != "cpu" or min(U.stride()) < 0:
+    if not _usable(S) or U.dtype != S.dtype or U.device.type != "cpu":
         return False
     n = S.shape[0]
     if n == 0:

@@ -341,10 +341,10 @@ PML_MIRROR(pml_mirror_f64, double, pml_mirror_block_f64)
                 for (long i = i0; i < i1; ++i) {                                                     \
                     const long start = i + 1 > j0 ? i + 1 : j0;                                      \
                     T *restrict g = G + i * n;                                                       \
-                    T *restrict s_row = S ? S + i * n : g; /* (unused without S) */                  \
                     const T xi = x2[i], pi = p2[i];                                                  \
                     long row_close = 0;                                                              \
                     if (S) {                                                                         \
+                        T *restrict s_row = S + i * n;                                               \
                         for (long j = start; j < j1; ++j) {                                          \
                             const T norms = xi + x2[j];                                              \
                             const T sq = norms - (T)2 * g[j];                                        \

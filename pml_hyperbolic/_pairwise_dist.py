@@ -86,7 +86,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -272,6 +271,18 @@ def _explicit_sq_diff(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor) -> Tenso
     return out
 
 
+def _explicit_w(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor, inv_a: Tensor, inv_b: Tensor,
+                cf: float) -> Tensor:
+    """Float64 w = c‖x_i − y_j‖²/(a_i b_j) of the listed pairs from explicit differences (w of a pair
+    with a floored denominator can exceed float32's range)."""
+    return (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
+
+
+def _dist_from_w(w: Tensor, cf: float, dtype: torch.dtype) -> Tensor:
+    """D = (2/√c) arsinh(√w), in ``dtype``."""
+    return ((2.0 / math.sqrt(cf)) * torch.asinh(w.sqrt())).to(dtype)
+
+
 def _log1p_from_log(u: Tensor, v: Tensor, t: Tensor) -> Tensor:
     r"""log1p(u) for u ≥ 0 from ``log``, written into ``t`` (``u`` is overwritten, ``v``/``t`` are
     scratch of u's shape):
@@ -388,7 +399,7 @@ def _symmetrize_(E: Tensor, tile: int = 512) -> Tensor:
 def _mirror_upper_(M: Tensor) -> Tensor:
     """M's part above the diagonal copied below it, in place (the rare backward of a symmetric
     forward that cannot use the native symmetric weights: x and y the same data but distinct
-    tensors, or an upstream gradient with negative strides)."""
+    tensors, so that only one of them wants a gradient)."""
     lower = torch.ones(M.shape, dtype=torch.bool, device=M.device).tril_(-1)
     return M.masked_scatter_(lower, M.T[lower])
 
@@ -421,18 +432,25 @@ def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor,
 
 
 def symmetric_enabled() -> bool:
-    """False when ``PML_HYPERBOLIC_SYMMETRIC=0`` (read at every call): x is y then takes the general
-    path too (``bench/distance.py --symmetric-vs-general`` times both in one run)."""
-    return os.environ.get("PML_HYPERBOLIC_SYMMETRIC", "1").strip() not in ("0", "false", "no", "off")
+    """False when ``PML_HYPERBOLIC_SYMMETRIC=0``: x is y then takes the general path too
+    (``bench/distance.py --symmetric-vs-general`` times both in one run)."""
+    return _native.switched_on("PML_HYPERBOLIC_SYMMETRIC")
 
 
-def _symmetric_block_rows(n: int) -> int:
+def _symmetric_block_rows(n: int, threads: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
     columns i0: (the part on and above the diagonal), about half the flops of one full product in
     blocks MKL still runs near its peak (1 thread: 0.84 against 1.26 ms at 900², 18 against 49 ms
     at 4096²). A multiple of the native tail's band height (16); with the tail run per block, 128
     rows measured best at 900² (1.58 ms for product + tail against 1.61 with 160 rows and 1.65-1.73
-    with the tail after all blocks, 1 thread, load ~2)."""
+    with the tail after all blocks, 1 thread, load ~2).
+
+    With several threads only three blocks (67% of a full product's flops): each product is a
+    parallel region whose barrier waits for a descheduled thread when the machine turns busy
+    (bench/under_load.py: with ~11 blocks at 4,096² the 2-thread wall reached 1.3-1.7× the
+    1-thread wall beside two other jobs)."""
+    if threads > 1:
+        return (-(-n // 3) // 16 + 1) * 16
     return min(max(128, (n // 8) // 16 * 16), 384)
 
 
@@ -457,13 +475,9 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
     threads, n_close = torch.get_num_threads(), 0
     # 1 thread: each block's tail right after its product, still in cache; several: all products,
-    # then one tail split over the threads (a block's tail is too small to share), and only three
-    # blocks (67% of a full product's flops): each product is a parallel region whose barrier waits
-    # for a descheduled thread when the machine turns busy (bench/under_load.py: with ~11 blocks at
-    # 4,096² the 2-thread wall reached 1.3-1.7× the 1-thread wall beside two other jobs)
-    block = _symmetric_block_rows(n) if threads == 1 else -(-n // 3) // 16 * 16 + 16
-    starts = range(0, n, block)
-    for start in starts:
+    # then one tail split over the threads (a block's tail is too small to share)
+    block = _symmetric_block_rows(n, threads)
+    for start in range(0, n, block):
         torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
         if threads == 1:
             done = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, 1,
@@ -477,8 +491,8 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
         return None
     if n_close:
         rows, cols = torch.nonzero(G < 0, as_tuple=True)
-        w_close = (cf * inv_a[rows] * inv_a[cols]) * _explicit_sq_diff(x, x, rows, cols).double()
-        G[rows, cols] = ((2.0 / math.sqrt(cf)) * torch.asinh(w_close.sqrt())).to(dtype)
+        w_close = _explicit_w(x, x, rows, cols, inv_a, inv_a, cf)
+        G[rows, cols] = _dist_from_w(w_close, cf, dtype)
     else:
         rows = cols = torch.zeros(0, dtype=torch.long)
         w_close = x2.new_zeros(0)
@@ -531,15 +545,14 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     if ext_x is not None or ext_y is not None:
         ext_rows, ext_cols = _extreme_pairs(x.shape[0], y.shape[0], ext_x, ext_y, same, x.device)
         rows, cols = torch.cat([rows, ext_rows]), torch.cat([cols, ext_cols])
-    # float64: w of a pair with a floored denominator can exceed float32's range
     if rows.numel():
-        w_close = (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
+        w_close = _explicit_w(x, y, rows, cols, inv_a, inv_b, cf)
     else:  # (the common case: seven small ops on empty tensors skipped)
         w_close = x2.new_zeros(0)
     S = _distance_tail(W, cf, inv_b.to(dtype), row_min, keep_S)  # (the explicit pairs' S is never read)
     d = W
     if rows.numel():  # explicit pairs: D from their float64 w
-        d[rows, cols] = ((2.0 / math.sqrt(cf)) * torch.asinh(w_close.sqrt())).to(dtype)
+        d[rows, cols] = _dist_from_w(w_close, cf, dtype)
     return d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, False, False
 
 

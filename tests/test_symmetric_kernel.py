@@ -112,7 +112,7 @@ def test_thread_count_does_not_change_results(monkeypatch):
     outs = []
     for threads in (1, 2, 3):
         G = torch.empty(700, 700)
-        block = kernel._symmetric_block_rows(700)
+        block = kernel._symmetric_block_rows(700, 1)
         for start in range(0, 700, block):
             torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
         S = torch.empty_like(G)
