@@ -179,16 +179,24 @@ def linkage_levels(points, levels, method: str = "ward", max_exact: int = 20000)
     return _compact(np.stack([fcluster(z, k, criterion="maxclust") for k in levels], 1))
 
 
+def _principal_axes(features):
+    """A thin SVD of the centred float64 ``features`` (N × F): ``(mean, u, s, vt, rank)``, the rank
+    counting singular values above 1e-10 of the largest (memory ~2 × N × F × 8 bytes)."""
+    x = torch.as_tensor(features).detach().cpu().double()
+    mean = x.mean(0)
+    u, s, vt = torch.linalg.svd(x - mean, full_matrices=False)
+    rank = int((s > s[0] * 1e-10).sum()) if s.numel() else 0
+    return mean, u, s, vt, rank
+
+
 def pca_whiten(features, dim: int) -> torch.Tensor:
     """The centred ``features`` (N × F) on their top ``dim`` principal directions, each scaled to
     unit variance (float64; ``dim`` is capped at the rank)."""
-    x = torch.as_tensor(features).detach().cpu().double()
-    x = x - x.mean(0)
-    u, s, _ = torch.linalg.svd(x, full_matrices=False)
-    keep = int(min(dim, int((s > s[0] * 1e-10).sum()) if s.numel() else 0))
+    _, u, _, _, rank = _principal_axes(features)
+    keep = min(dim, rank)
     if keep < 1:
         raise ValueError("features have rank 0: nothing to whiten")
-    return u[:, :keep] * np.sqrt(max(x.shape[0] - 1, 1))
+    return u[:, :keep] * np.sqrt(max(u.shape[0] - 1, 1))
 
 
 def merge_small_clusters(labels, points, min_size: int) -> np.ndarray:
@@ -245,13 +253,10 @@ def whitening_head_init(linear, features, scale: float = 1.0) -> int:
         raise ValueError(f"features must have shape (N >= 2, {linear.in_features}), got {tuple(f.shape)}")
     if not torch.isfinite(f).all():
         raise ValueError("features contain NaN/Inf")
-    # a thin SVD of the centred float64 features (memory ~2 × N × F × 8 bytes: 95 MB for the 4,640
-    # glyph images at F = 1280); an eigendecomposition of the covariance would need less, but it flips
-    # signs / rounds differently, and the figures in the notes near the top of this module were
-    # measured with this one
-    mean = f.mean(0)
-    _, s, vt = torch.linalg.svd(f - mean, full_matrices=False)
-    rank = int((s > s[0] * 1e-10).sum()) if s.numel() and s[0] > 0 else 0
+    # the thin SVD of pca_whiten (95 MB for the 4,640 glyph images at F = 1280); an eigendecomposition
+    # of the covariance would need less, but it flips signs / rounds differently, and the figures in
+    # the notes near the top of this module were measured with this one
+    mean, _, s, vt, rank = _principal_axes(f)
     if rank < 1:
         raise ValueError("features have rank 0: nothing to whiten")
     out = linear.out_features
