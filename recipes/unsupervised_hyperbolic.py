@@ -27,26 +27,12 @@ used only to report Recall@K.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
-
+from pml_hyperbolic.training.config import finite_positive_float
 from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
 from pml_hyperbolic.training.presets import DEFAULT_UNSUPERVISED_HEAD_INIT, DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE
 from pml_hyperbolic.training.presets import UNSUPERVISED_HEAD_INITS as HEAD_INITS
-
-
-def _positive_float(text):
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}
@@ -95,7 +81,7 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
                        help="Start of the embedding head's linear layer: 'random' (its (semi-)orthogonal init, "
                             "the paper) or 'whiten' (PCA whitening of the training images' trunk outputs, no "
                             "label used; chosen on glyph validation). Unused with --supervised.")
-        g.add_argument("--head-init-scale", type=_positive_float, default=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE,
+        g.add_argument("--head-init-scale", type=finite_positive_float, default=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE,
                        help="--head-init whiten: the warm-started weight's norm, in units of the random init's; "
                             "larger = smaller optimiser steps around the warm start (chosen on glyph validation).")
         g.add_argument("--omega", type=float, default=1.2,

@@ -107,6 +107,14 @@ def positive_float(value):
     return number
 
 
+def finite_positive_float(value):
+    """:func:`positive_float` that also refuses inf (a scale, where inf would be a silent NaN later)."""
+    number = positive_float(value)
+    if number == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value!r}")
+    return number
+
+
 def optional_positive_float(value):
     if value is None or str(value).strip().lower() in {"none", "off", "null"}:
         return None
