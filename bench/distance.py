@@ -39,6 +39,8 @@ Usage:  python bench/distance.py            (N=M=900 and N=M=4096, D=128, ~2-3 m
         python bench/distance.py --radial --symmetric-vs-general   (x is y: the symmetric path
                                     (triangular product, native symmetric tail) against the general
                                     path with the native tail, side by side in one run)
+        python bench/distance.py --symmetric-parts [--quick]   (the symmetric forward's parts: the
+                                    triangular product, its tail per block or after, the row terms)
         python bench/distance.py --log1p    (adds aten log1p_ vs the kernel's log-based form)
 """
 from __future__ import annotations
@@ -400,6 +402,69 @@ def compare_log1p_states(repeats: int) -> None:
     print("(the kernel uses the log-based form: its speed does not depend on the process state)")
 
 
+def symmetric_parts(sizes, dim: int, repeats: int) -> None:
+    """The parts of the symmetric forward, 1 thread, medians of interleaved CPU times: the full GEMM
+    x xᵀ; the triangular product alone at the 1-thread block rule and at 160 rows; product + native
+    tail per block (the kernel's order) and all products then one tail; the row terms natively and
+    through ``x.double()`` + ``vecdot``."""
+    from pml_hyperbolic import _native
+    from pml_hyperbolic import _pairwise_dist as kernel
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if _native.status() != "native":
+            print(f"native library unavailable ({_native.status()}): nothing to measure")
+            return
+        for n in sizes:
+            x = radial_cases(n, dim)["head-like"].contiguous()
+            x2, inv_a = kernel._row_terms(x, C)
+            vectors = (x2.float(), ((2 * C) * inv_a).float(), inv_a.float())
+            factor = kernel._gram_error(x.dtype, dim + 2) / kernel._TARGET_REL_ERROR[x.dtype]
+            default_block = kernel._symmetric_block_rows(n, 1)
+
+            def product(block, tail=None):
+                G = torch.empty(n, n)
+                for start in range(0, n, block):
+                    torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
+                    if tail == "per block":
+                        _native.symmetric_distance_tail(G, None, *vectors, 1 / math.sqrt(C), factor, 1,
+                                                        rows=(start, min(n, start + block)))
+                if tail == "after":
+                    _native.symmetric_distance_tail(G, None, *vectors, 1 / math.sqrt(C), factor, 1)
+
+            def torch_row_terms():
+                xd = x.double()
+                x2 = torch.linalg.vecdot(xd, xd)
+                return x2, (1.0 - C * x2).clamp_min_(kernel.DENOM_FLOOR).reciprocal_()
+
+            cases = {
+                "full GEMM x @ x.T": lambda: x @ x.T,
+                f"triangular product, {default_block}-row blocks": lambda: product(default_block),
+                "triangular product, 160-row blocks": lambda: product(160),
+                f"product + tail per block ({default_block} rows)": lambda: product(default_block, "per block"),
+                "product + tail per block (160 rows)": lambda: product(160, "per block"),
+                f"all products ({default_block} rows), then one tail": lambda: product(default_block, "after"),
+                "row terms, native": lambda: _native.row_terms(x, C, kernel.DENOM_FLOOR),
+                "row terms, x.double() + vecdot": torch_row_terms,
+            }
+            times = {k: [] for k in cases}
+            for _ in range(repeats):
+                for k, fn in cases.items():
+                    start = time.process_time()
+                    fn()
+                    times[k].append(time.process_time() - start)
+            print(f"\nSymmetric forward's parts, N = {n}, D = {dim}, head-like points, 1 thread, medians of "
+                  f"{repeats} interleaved CPU times, load average {os.getloadavg()[0]:.2f}")
+            print("| part | ms | / full GEMM |\n|---|---:|---:|")
+            gemm = statistics.median(times["full GEMM x @ x.T"])
+            for k, v in times.items():
+                m = statistics.median(v)
+                print(f"| {k} | {m * 1e3:.3f} | {m / gemm:.2f} |")
+    finally:
+        torch.set_num_threads(previous)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only N = M = 900")
@@ -416,6 +481,8 @@ def main(argv=None) -> int:
                         help="--radial: measure the native and the torch tail side by side in one run")
     parser.add_argument("--symmetric-vs-general", action="store_true",
                         help="--radial: the symmetric path (x is y) and the general path side by side in one run")
+    parser.add_argument("--symmetric-parts", action="store_true",
+                        help="instead: the symmetric forward's parts (triangular product, its tail, row terms), 1 thread")
     parser.add_argument("--log1p-state", choices=("fresh", "after-pow"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-case", nargs=3, metavar=("NAME", "N", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -429,6 +496,9 @@ def main(argv=None) -> int:
         memory_case(name, int(n), int(dim))
         return 0
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, c = {C}, load average {os.getloadavg()[0]:.2f}")
+    if args.symmetric_parts:
+        symmetric_parts((900,) if args.quick else (900, 4096), 128, args.repeats if args.quick else max(5, args.repeats // 4))
+        return 0
     if args.radial:
         paths = (("native", "torch") if args.native_vs_torch else ("native", "general") if args.symmetric_vs_general
                  else ("torch",) if args.no_native else ("native",))

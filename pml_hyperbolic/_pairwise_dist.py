@@ -24,8 +24,8 @@ at the origin: D = 0 directly (aten's ``sqrt`` is 5× slower on zeros).
 
 Symmetric forward (x is y on CPU, the call of PML's losses: ``compute_mat(emb, emb)``): the
 matrix is symmetric, so :func:`_symmetric_forward` computes the Gram product x xᵀ only on and
-above the diagonal (row blocks written straight into the output: 0.84 against 1.26 ms at 900²,
-18 against 49 ms at 4096², 1 thread) and the native symmetric tail evaluates each unordered pair
+above the diagonal (row blocks written straight into the output: 0.72–0.92× a full GEMM, 1 thread,
+``python bench/distance.py --symmetric-parts``) and the native symmetric tail evaluates each unordered pair
 once and mirrors it (16 × 16 register transposes; S, kept for the backward, only above the
 diagonal); the backward's weights E + Eᵀ = (U + Uᵀ)/S then
 come from one native pass (S is exactly symmetric), not a division and a tiled transposed copy.
@@ -439,11 +439,13 @@ def symmetric_enabled() -> bool:
 
 def _symmetric_block_rows(n: int, threads: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
-    columns i0: (the part on and above the diagonal), about half the flops of one full product in
-    blocks MKL still runs near its peak (1 thread: 0.84 against 1.26 ms at 900², 18 against 49 ms
-    at 4096²). A multiple of the native tail's band height (16); with the tail run per block, 128
-    rows measured best at 900² (1.58 ms for product + tail against 1.61 with 160 rows and 1.65-1.73
-    with the tail after all blocks, 1 thread, load ~2).
+    columns i0: (the part on and above the diagonal), about half the flops of one full product. A
+    multiple of the native tail's band height (16). ``python bench/distance.py --symmetric-parts``
+    (1 thread, idle; ``bench/results/symmetric_parts.txt``) times the product at 0.88–0.95× a full
+    GEMM with these 128-row blocks at 900² but 0.74–0.76× with 160-row blocks (with the tail per
+    block 1.79–1.87× against 1.53–1.55×), and 0.72× at 4096² (384 rows). 128 was chosen from an
+    earlier, loaded measurement; 160 rounds the products differently (last bits), so it is left for
+    a change measured on its own.
 
     With several threads only three blocks (67% of a full product's flops): each product is a
     parallel region whose barrier waits for a descheduled thread when the machine turns busy
