@@ -314,7 +314,7 @@ def test_ctrl_c_prints_resume_command_and_exits_130(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err[-2000:]
     lines = err.strip().splitlines()
     assert "Traceback" not in err and lines[-1].startswith("interrupted: the last checkpoint is ")
     assert str(run / "last.pt") in lines[-1]

@@ -111,3 +111,51 @@ def test_packed_state_is_written_as_it_is_and_a_raw_dict_is_refused(tmp_path):
     with pytest.raises(ValueError, match="pack_with_digest"):
         atomic_torch_save({"v": 1}, str(tmp_path / "x.pt"), packed=True)
     assert sorted(os.listdir(tmp_path)) == ["best.pt", "last.pt"]
+
+
+def test_ctrl_c_during_a_checkpoint_write_waits_for_the_file(tmp_path, monkeypatch):
+    """A SIGINT raised inside torch.save used to surface as torch's zip-writer RuntimeError (exit 1):
+    now the write completes and the KeyboardInterrupt follows it."""
+    import os
+    import signal
+
+    import pml_hyperbolic.training.checkpoint as ckpt
+
+    real_save = torch.save
+    calls = []
+
+    def save_interrupted_midway(obj, f, *args, **kwargs):
+        calls.append(1)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while the file is being written
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", save_interrupted_midway)
+    path = tmp_path / "last.pt"
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"v": torch.arange(4)}, str(path))
+    assert len(calls) == 2  # the digest's serialisation and the file's
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    assert torch.equal(read_checkpoint(str(path))["v"], torch.arange(4))  # complete, not a half-written file
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_ctrl_c_deferred_respects_an_ignored_sigint_and_nesting():
+    import os
+    import signal
+
+    from pml_hyperbolic.training.checkpoint import ctrl_c_deferred
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # ignored before: still ignored, no raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_deferred():
+            with ctrl_c_deferred():  # nested: the inner block does not raise early
+                os.kill(os.getpid(), signal.SIGINT)
+            reached = True
+    assert reached

@@ -5,8 +5,11 @@ import hashlib
 import io
 import os
 import random
+import signal
 import tempfile
-from typing import Dict, Optional
+import threading
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 import torch
@@ -49,24 +52,62 @@ def read_checkpoint(path: str, map_location="cpu"):
     return unpack_with_digest(torch.load(path, map_location=map_location, weights_only=False), path, map_location)
 
 
+_deferring = False
+
+
+@contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block and raise ``KeyboardInterrupt`` when it ends.
+
+    Why: a ``KeyboardInterrupt`` raised inside ``torch.save`` leaves its zip writer half-written, and
+    the writer's cleanup then raises ``RuntimeError: unexpected pos ...``, which replaces the
+    interrupt (a traceback and exit status 1 instead of the resume line and 130). Deferring it until
+    the checkpoint is complete also means the resume line points at the checkpoint just written.
+    Only the main thread can install signal handlers; elsewhere, or nested, the block runs as is.
+    """
+    global _deferring
+    if _deferring or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        if callable(previous):  # the handler that was active (Python's default raises KeyboardInterrupt)
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+        # SIG_IGN: the process ignores Ctrl-C; so do we
+
+
 def atomic_torch_save(obj, path: str, packed: bool = False) -> None:
     """Write ``obj`` (with a SHA-256 digest, see :func:`pack_with_digest`) to a temporary file in the
     same folder, fsync it, then ``os.replace`` it. ``packed=True``: ``obj`` is already the output of
     :func:`pack_with_digest` (one serialisation written to several files).
 
     A crash mid-write leaves the previous checkpoint intact (``os.replace`` is atomic on POSIX and
-    Windows when source and target are on the same file system, hence the same folder).
+    Windows when source and target are on the same file system, hence the same folder). A Ctrl-C
+    during the write takes effect once the file is in place (:func:`ctrl_c_deferred`).
     """
-    if not packed:
-        obj = pack_with_digest(obj)
-    elif not (isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT and "payload" in obj):
+    if packed and not (isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT and "payload" in obj):
         raise ValueError("atomic_torch_save(packed=True) needs the dict returned by pack_with_digest")
+    with ctrl_c_deferred():
+        _write_then_replace(obj if packed else pack_with_digest(obj), path)
+
+
+def _write_then_replace(packed: Dict, path: str) -> None:
+    """Temporary file in ``path``'s folder, fsync, ``os.replace``; the temporary file removed on failure."""
     folder = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle, pickle_protocol=4)  # protocol 4 stores the payload bytes raw
+            torch.save(packed, handle, pickle_protocol=4)  # protocol 4 stores the payload bytes raw
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -160,15 +201,16 @@ class CheckpointManager:
             return
         state = self.state(trainer, epoch, best, history)
         packed = None
-        for path in [self.last_path] + ([self.best_path] if is_best else []):
-            try:
-                if packed is None:  # serialised and digested once, written to last.pt (and best.pt)
-                    packed = pack_with_digest(state)
-                atomic_torch_save(packed, path, packed=True)
-            except OSError as err:  # disk full, quota, permissions: one clear line, the old file survives
-                raise ConfigError(f"cannot write checkpoint {path}: {err.strerror or err}. The previous checkpoint "
-                                  f"there is intact (--resume continues from epoch {epoch - 1}); free space or "
-                                  "choose another --output-dir.") from err
+        with ctrl_c_deferred():  # last.pt and best.pt both written before a Ctrl-C takes effect
+            for path in [self.last_path] + ([self.best_path] if is_best else []):
+                try:
+                    if packed is None:  # serialised and digested once, written to last.pt (and best.pt)
+                        packed = pack_with_digest(state)
+                    atomic_torch_save(packed, path, packed=True)
+                except OSError as err:  # disk full, quota, permissions: one clear line, the old file survives
+                    raise ConfigError(f"cannot write checkpoint {path}: {err.strerror or err}. The previous "
+                                      f"checkpoint there is intact (--resume continues from epoch {epoch - 1}); "
+                                      "free space or choose another --output-dir.") from err
 
     def resolve(self, resume: Optional[str]) -> Optional[str]:
         if resume is None:
