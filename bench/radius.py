@@ -34,7 +34,9 @@ only), ``ms`` = PML's MultiSimilarityLoss + miner (sphere; on the polar head it 
 ball points, i.e. of the head's directions), ``hier`` = Hyp-ViT's loss + the HIER regulariser, ``mshier``
 = HIER's own pairing (polar head): MultiSimilarity on the directions + the HIER regulariser on the ball.
 HIER's settings (``HIER_SETTINGS``, ``--hier weight=3,ms_weight=0.3,num_proxies=128,positives=labels+mutual_nn``) are
-chosen on the validation columns.
+chosen on the validation columns. ``supcon+parent`` / ``pce+parent`` (probe of issue 13, not in the default
+list): the loss also on the training characters' radicals, ``--parent weight=0.3,temperature=0.5``; neither
+moved the test Spearman or parent R@1 (``bench/results/spearman_probe.txt``).
 """
 from __future__ import annotations
 
@@ -170,7 +172,11 @@ HIER_SETTINGS = {"weight": 3.0, "ms_weight": 0.3, "num_proxies": 128, "max_tripl
 # the Spearman probe of issue 13 varies them; the defaults are Hyp-ViT's glyph settings).
 CELL_SETTINGS = {"c": 0.1, "pce_temperature": 0.2}
 
-RADIUS_TERMS = ("cal", "copies")
+RADIUS_TERMS = ("cal", "copies", "parent")
+
+# ``+parent``: the cell's loss also on the parent labels (the radical of each training character),
+# with this weight and, for the pairwise CE, this temperature (--parent).
+PARENT_SETTINGS = {"weight": 0.3, "temperature": 0.5}
 
 
 def split_terms(loss_name):
@@ -188,9 +194,12 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
     handled by :func:`run_cell` (degraded copies, as ``--degraded-copies 0.25``); both need the
     polar head, as in the recipes."""
     base, terms = split_terms(loss_name)
+    if terms == {"parent"}:
+        head, loss, geometry, max_d0 = build(head_name, base, feature_dim, embedding_dim)
+        return head, ParentLevelTerm(loss, _parent_loss(base, geometry)), geometry, max_d0
     if terms:
-        if head_name != "polar":
-            raise ValueError("radius terms need the polar head")
+        if head_name != "polar" or "parent" in terms:
+            raise ValueError("radius terms need the polar head (and go without +parent)")
         head, loss, geometry, max_d0 = build(head_name, base, feature_dim, embedding_dim)
         if "cal" in terms:
             from pytorch_metric_learning.losses import MultipleLosses
@@ -240,6 +249,32 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
 
         loss = MultipleLosses([loss, HIERLoss(embedding_size=embedding_dim, c=geometry, **h)], weights=[1.0, weight])
     return head, loss, geometry, geometry.max_dist0()
+
+
+def _parent_loss(base, geometry):
+    """The parent-level loss of a ``+parent`` cell: SupCon on the sphere (same τ as the class
+    level), the pairwise CE on the ball at ``PARENT_SETTINGS['temperature']``."""
+    from pytorch_metric_learning.losses import SupConLoss
+
+    from pml_hyperbolic.distances import PoincareDistance
+    from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
+
+    if base == "supcon":
+        return SupConLoss(temperature=0.1)
+    if base == "pce":
+        return PairwiseCrossEntropyLoss(temperature=PARENT_SETTINGS["temperature"], distance=PoincareDistance(c=geometry))
+    raise ValueError(f"+parent: only supcon and pce cells, not {base!r}")
+
+
+class ParentLevelTerm(torch.nn.Module):
+    """loss(emb, labels[:, 0]) + w · parent_loss(emb, labels[:, 1]) for (N, 2) labels."""
+
+    def __init__(self, loss, parent_loss):
+        super().__init__()
+        self.loss, self.parent_loss = loss, parent_loss
+
+    def forward(self, emb, labels, indices_tuple=None):
+        return self.loss(emb, labels[:, 0]) + PARENT_SETTINGS["weight"] * self.parent_loss(emb, labels[:, 1])
 
 
 def _multi_similarity():
@@ -362,8 +397,12 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=N
         train_with_copies(cfg, data["train"] if train is None else train, data["train_degraded"], head, loss,
                           DegradedCopyRadiusLoss(c=geometry, margin=0.2), seed=seed, steps=steps)
     else:
-        qc.train_with_labels(cfg, data["train"] if train is None else train, torch.nn.Identity(), head, loss,
-                             seed=seed, steps=steps)
+        split = data["train"] if train is None else train
+        relabel = None
+        if "parent" in split_terms(loss_name)[1]:
+            levels = torch.stack([torch.as_tensor(split.labels), torch.as_tensor(split.super_labels)], 1)
+            relabel = lambda tail, head: (split.labels, levels)  # noqa: E731 (batches balanced by class)
+        qc.train_with_labels(cfg, split, torch.nn.Identity(), head, loss, seed=seed, steps=steps, relabel=relabel)
     res = {}
     vq, vg = data["val_q"], data["val_g"]
     val = radius_metrics(embed(head, vq.acts), vq.labels, embed(head, vg.acts), vg.labels, c, max_d0,
@@ -491,6 +530,8 @@ def main(argv=None):
     p.add_argument("--c", type=float, default=CELL_SETTINGS["c"], help="curvature of the hyperbolic cells")
     p.add_argument("--pce-temperature", type=float, default=CELL_SETTINGS["pce_temperature"],
                    help="temperature of the pairwise cross-entropy cells (pce, hier)")
+    p.add_argument("--parent", default="", help="+parent settings, e.g. 'weight=0.3,temperature=0.5' (default: "
+                   + ", ".join(f"{k}={v}" for k, v in PARENT_SETTINGS.items()) + ")")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--leave-one-out", action="store_true",
                    help="Only the generalisation check of --degraded-copies: train polar pce+cal+copies with the "
@@ -507,6 +548,11 @@ def main(argv=None):
             p.error(f"--hier: unknown setting {key!r} (known: {', '.join(HIER_SETTINGS)})")
         kind = type(HIER_SETTINGS[key])
         HIER_SETTINGS[key] = value if kind is str else kind(float(value))
+    for item in filter(None, a.parent.split(",")):
+        key, value = item.split("=")
+        if key not in PARENT_SETTINGS:
+            p.error(f"--parent: unknown setting {key!r} (known: {', '.join(PARENT_SETTINGS)})")
+        PARENT_SETTINGS[key] = float(value)
     cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head")
     t0 = time.perf_counter()
     data = load_data(cfg, use_cache=not a.no_cache)
