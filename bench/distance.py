@@ -425,13 +425,13 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
 
             def product(block, tail=None):
                 G = torch.empty(n, n)
+                run = _native.symmetric_tail_runner(G, None, *vectors, 1 / math.sqrt(C), factor)  # as the kernel
                 for start in range(0, n, block):
                     torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
                     if tail == "per block":
-                        _native.symmetric_distance_tail(G, None, *vectors, 1 / math.sqrt(C), factor, 1,
-                                                        rows=(start, min(n, start + block)))
+                        run(start, min(n, start + block))
                 if tail == "after":
-                    _native.symmetric_distance_tail(G, None, *vectors, 1 / math.sqrt(C), factor, 1)
+                    run(0, n)
 
             def torch_row_terms():
                 xd = x.double()

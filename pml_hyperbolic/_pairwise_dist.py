@@ -441,11 +441,11 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
     columns i0: (the part on and above the diagonal), about half the flops of one full product. A
     multiple of the native tail's band height (16). ``python bench/distance.py --symmetric-parts``
-    (1 thread, idle; ``bench/results/symmetric_parts.txt``) times the product at 0.88–0.95× a full
-    GEMM with these 128-row blocks at 900² but 0.74–0.76× with 160-row blocks (with the tail per
-    block 1.79–1.87× against 1.53–1.55×), and 0.72× at 4096² (384 rows). 128 was chosen from an
-    earlier, loaded measurement; 160 rounds the products differently (last bits), so it is left for
-    a change measured on its own.
+    (1 thread, idle; ``bench/results/distance_radial_runner.txt``) times the product at 0.74× a full
+    GEMM with these 128-row blocks at 900² (0.71× with 160) and 0.72× at 4096² (384 rows). The whole
+    forward at 160 rows was no faster than at 128 in the bench's own protocol (1.69–1.94× against
+    1.70–1.77× a GEMM, four radial cases), so 128 stays: another block height rounds the products
+    differently in the last bits.
 
     With several threads only three blocks (67% of a full product's flops): each product is a
     parallel region whose barrier waits for a descheduled thread when the machine turns busy
@@ -475,18 +475,19 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     S = _take_scratch(G) if keep_S else None
     factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
     row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
-    threads, n_close = torch.get_num_threads(), 0
-    # 1 thread: each block's tail right after its product, still in cache; several: all products,
-    # then one tail split over the threads (a block's tail is too small to share)
-    block = _symmetric_block_rows(n, threads)
-    for start in range(0, n, block):
-        torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
-        if threads == 1:
-            done = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, 1,
-                                                   rows=(start, min(n, start + block)))
-            n_close = None if done is None or n_close is None else n_close + done
-    if threads > 1:
-        n_close = _native.symmetric_distance_tail(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor, threads)
+    tail = _native.symmetric_tail_runner(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor)
+    n_close = None
+    if tail is not None:
+        threads, n_close = torch.get_num_threads(), 0
+        # 1 thread: each block's tail right after its product, still in cache; several: all
+        # products, then one tail split over the threads (a block's tail is too small to share)
+        block = _symmetric_block_rows(n, threads)
+        for start in range(0, n, block):
+            torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
+            if threads == 1:
+                n_close += tail(start, min(n, start + block))
+        if threads > 1:
+            n_close = tail(0, n, threads=threads)
     if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
         if S is not None:
             _give_scratch(S)
