@@ -213,3 +213,26 @@ def test_training_with_fewer_classes_than_a_batch_needs(tiny):
     before = head.linear.weight.detach().clone()
     qc.train_with_labels(cfg, train, qc.fresh_tail(pooled), head, SupConLoss(), seed=0, steps=2)
     assert not torch.allclose(before, head.linear.weight)
+
+
+def test_row_validation_variants_and_parent_map():
+    """bench/row_validation.py: variants are quality rows plus recipe flags; the validation samples'
+    radicals come from the training split's class -> parent map."""
+    import row_validation as rv
+
+    variants = rv.parse_variants("ms; hier_ms:--hier-weight 0.1 --hier-proxies 64")
+    assert [name for name, _ in variants] == ["ms", "hier_ms:--hier-weight 0.1 --hier-proxies 64"]
+    assert variants[1][1].argv[-4:] == ["--hier-weight", "0.1", "--hier-proxies", "64"]
+    assert quality.ROWS["hier_ms"].argv == []  # the table's row is not modified
+    for bad, match in (("nope", "unknown row 'nope'"), (" ; ", "empty"), ("hcl", "hcl_validation")):
+        with pytest.raises(ValueError, match=match):
+            rv.parse_variants(bad)
+
+    class _Split:
+        labels = torch.tensor([0, 0, 3, 5, 5])
+        super_labels = torch.tensor([7, 7, 1, 2, 2])
+
+    class _Bank:
+        train = _Split()
+
+    assert rv.parent_labels(_Bank(), torch.tensor([5, 3, 0])).tolist() == [2, 1, 7]

@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""Choose a method's settings on a validation split of the training classes, in ``bench/quality.py``'s
+protocol (same bank, budget and recipes), never on its test classes.
+
+Each variant is a ``bench/quality.py`` row plus extra recipe flags. Every variant trains on the
+training characters minus 32 validation characters (``_quality_common.carve_validation``, seed 0:
+display-font queries against serif/sans gallery, like the test protocol) and is scored on those 32:
+validation R@1 and parent R@1 (the top-1 shares the query's radical), per seed and as mean ± std.
+``--report-test`` then runs the variants once more on the real split (the 160 held-out characters)
+so that a choice made on validation can be checked, not made, there.
+
+    python bench/row_validation.py --variants "ms;hier_ms;hier_ms:--hier-weight 0.1;hier_ms:--hier-weight 1"
+    python bench/row_validation.py --variants "ms;hier_ms:--hier-weight 0.1" --seeds 0,1,2,3,4 --report-test
+
+A variant is ``row`` or ``row:flags`` (flags as on the recipe's command line); variants are separated
+by ``;``. About 15-20 s per variant and seed on 2 cores (one thread).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _quality_common as qc  # noqa: E402
+import quality  # noqa: E402
+from hcl_validation import validation_bank  # noqa: E402
+
+
+def parse_variants(text: str) -> list[tuple[str, quality.Row]]:
+    """``"ms;hier_ms:--hier-weight 0.1"`` -> [(name, Row with the extra flags)]; one clear error for an
+    unknown row or an empty list."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, _, flags = item.partition(":")
+        key = key.strip()
+        if key not in quality.ROWS:
+            raise ValueError(f"unknown row {key!r} in --variants (rows: {', '.join(quality.ROWS)})")
+        base = quality.ROWS[key]
+        if base.kind == "hcl":
+            raise ValueError("hcl needs its scene bank: use bench/hcl_validation.py")
+        row = quality.Row(base.key, base.label, base.recipe, base.argv + shlex.split(flags), kind=base.kind)
+        out.append((item, row))
+    if not out:
+        raise ValueError("--variants is empty")
+    return out
+
+
+def parent_labels(bank, split_labels: torch.Tensor) -> torch.Tensor:
+    """Radical of each validation sample: the training split's class -> parent map."""
+    labels, parents = bank.train.labels.numpy(), bank.train.super_labels.numpy()
+    parent_of = np.full(labels.max() + 1, -1, np.int64)
+    parent_of[labels] = parents
+    return torch.as_tensor(parent_of[split_labels.numpy()])
+
+
+def score(row, cfg, bank, seed, parents):
+    metrics, _ = quality.run_row(row, cfg, bank, seed, parents=parents)
+    return metrics["recall_at_1"], metrics.get("parent_r1", float("nan"))
+
+
+def cell(values) -> str:
+    values = 100 * np.asarray(values, float)
+    return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", required=True, help="row[:recipe flags];... (see above)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report-test", action="store_true", help="also run every variant on the test split")
+    a = p.parse_args(argv)
+    try:
+        variants = parse_variants(a.variants)
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError as err:
+        p.error(str(err))
+    qc.set_threads(a.threads)
+    cfg = qc.BenchConfig(seeds=tuple(seeds))
+    t0 = time.perf_counter()
+    bank = qc.build_bank(cfg, "glyphs")
+    val_bank, _ = validation_bank(bank)
+    val_parents = (parent_labels(bank, val_bank.query.labels), parent_labels(bank, val_bank.gallery.labels))
+    test_parents = quality.glyph_parents(bank) if a.report_test else None
+    print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {val_bank.note}; seeds {seeds}")
+    header = "| variant | val R@1 | val parent R@1 | per seed (val R@1) |" + (
+        " test R@1 | test parent R@1 |" if a.report_test else "")
+    print(header + "\n|" + "---|" * (header.count("|") - 1), flush=True)
+    for name, row in variants:
+        val = [score(row, cfg, val_bank, s, val_parents) for s in seeds]
+        line = (f"| {name} | {cell([v[0] for v in val])} | {cell([v[1] for v in val])} | "
+                + " ".join(f"{100 * v[0]:.1f}" for v in val) + " |")
+        if a.report_test:
+            test = [score(row, cfg, bank, s, test_parents) for s in seeds]
+            line += f" {cell([t[0] for t in test])} | {cell([t[1] for t in test])} |"
+        print(line, flush=True)
+    print(f"# {time.perf_counter() - t0:.0f} s wall, load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
