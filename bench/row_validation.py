@@ -5,7 +5,9 @@ protocol (same bank, budget and recipes), never on its test classes.
 Each variant is a ``bench/quality.py`` row plus extra recipe flags. Every variant trains on the
 training characters minus 32 validation characters (``_quality_common.carve_validation``, seed 0:
 display-font queries against serif/sans gallery, like the test protocol) and is scored on those 32:
-validation R@1 and parent R@1 (the top-1 shares the query's radical), per seed and as mean ± std.
+validation R@1 and parent R@1 (the top-1 shares the query's radical), per seed and as mean ± std,
+and for a hyperbolic head the failure AUROC of the uncertainty −d₀, the median d₀ and the share of
+queries at the clip radius (``bench/radius.py``'s columns).
 ``--report-test`` then runs the variants once more on the real split (the 160 held-out characters)
 so that a choice made on validation can be checked, not made, there.
 
@@ -59,14 +61,24 @@ def parent_labels(bank, split_labels: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(parent_of[split_labels.numpy()])
 
 
-def score(row, cfg, bank, seed, parents):
+COLUMNS = (("R@1", "recall_at_1", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("AUROC fail", "auroc_fail", 1, 3),
+           ("d₀ median", "d0_med", 1, 2), ("% at clip", "at_clip", 100, 1))
+
+
+def score(row, cfg, bank, seed, parents) -> dict:
     metrics, _ = quality.run_row(row, cfg, bank, seed, parents=parents)
-    return metrics["recall_at_1"], metrics.get("parent_r1", float("nan"))
+    return {key: metrics.get(key, float("nan")) for _, key, _, _ in COLUMNS}
 
 
-def cell(values) -> str:
-    values = 100 * np.asarray(values, float)
-    return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+def cell(values, scale=100, digits=1) -> str:
+    values = scale * np.asarray(values, float)
+    if np.isnan(values).all():
+        return "—"
+    return f"{values.mean():.{digits}f} ± {values.std():.{digits}f}" if len(values) > 1 else f"{values[0]:.{digits}f}"
+
+
+def cells(runs) -> str:
+    return " | ".join(cell([r[key] for r in runs], scale, digits) for _, key, scale, digits in COLUMNS)
 
 
 def main(argv=None) -> int:
@@ -89,16 +101,15 @@ def main(argv=None) -> int:
     val_parents = (parent_labels(bank, val_bank.query.labels), parent_labels(bank, val_bank.gallery.labels))
     test_parents = quality.glyph_parents(bank) if a.report_test else None
     print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {val_bank.note}; seeds {seeds}")
-    header = "| variant | val R@1 | val parent R@1 | per seed (val R@1) |" + (
-        " test R@1 | test parent R@1 |" if a.report_test else "")
+    header = ("| variant | " + " | ".join(f"val {name}" for name, _, _, _ in COLUMNS) + " | per seed (val R@1) |"
+              + ("".join(f" test {name} |" for name, _, _, _ in COLUMNS) if a.report_test else ""))
     print(header + "\n|" + "---|" * (header.count("|") - 1), flush=True)
     for name, row in variants:
         val = [score(row, cfg, val_bank, s, val_parents) for s in seeds]
-        line = (f"| {name} | {cell([v[0] for v in val])} | {cell([v[1] for v in val])} | "
-                + " ".join(f"{100 * v[0]:.1f}" for v in val) + " |")
+        line = f"| {name} | {cells(val)} | " + " ".join(f"{100 * v['recall_at_1']:.1f}" for v in val) + " |"
         if a.report_test:
             test = [score(row, cfg, bank, s, test_parents) for s in seeds]
-            line += f" {cell([t[0] for t in test])} | {cell([t[1] for t in test])} |"
+            line += f" {cells(test)} |"
         print(line, flush=True)
     print(f"# {time.perf_counter() - t0:.0f} s wall, load average {os.getloadavg()[0]:.2f}")
     return 0
