@@ -229,14 +229,14 @@ def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
 
     draws = []
 
-    def recording_source(device):
+    def recording_source(device, seed=None):
         gen = torch.Generator().manual_seed(5)
 
         def fill(t):
             t.copy_(torch.rand(t.shape, generator=gen, dtype=t.dtype))
             draws.append(t.clone())
             return t
-        return fill
+        return fill, 5
 
     monkeypatch.setattr(hier_loss, "_uniform_source", recording_source)
     d, p, tau = 3, 6, 0.5
@@ -474,3 +474,29 @@ def test_eval_mode_is_deterministic_train_mode_is_stochastic():
     assert torch.equal(a, b)
     fixed = make_loss(8, 64, proxy_std=0.3, proxy_nn_k=3, stochastic_lca=False)
     assert torch.equal(fixed(x, y), a)  # same seed, same proxies; no-grad path = grad path value
+
+
+def test_second_backward_recomputes_the_same_gradient_and_buffers_are_reused():
+    """The (3, T, P) gradient buffer is handed back after a backward and reused by the next call
+    (no fresh 50 MB per call on CPU); a second backward through the same graph (retain_graph)
+    replays the same Gumbel draws and gives the same gradient."""
+    from pml_hyperbolic.losses import hier_loss
+
+    hier_loss._SPARE_GRADS.clear()
+    loss = make_loss(4, 12, seed=3, proxy_std=0.8, proxy_term=False, tau=0.5)
+    assert loss.training and loss.stochastic_lca
+    E = ball_points(16, 4, 0.1, 7).requires_grad_()
+    y = torch.arange(16) // 2
+    torch.manual_seed(0)
+    out = loss.compute_loss(E, y, None, E, y)["loss"]
+    value = out["losses"].sum()
+    first, = torch.autograd.grad(value, E, retain_graph=True)
+    spare, = hier_loss._SPARE_GRADS  # handed back
+    second, = torch.autograd.grad(value, E)
+    assert torch.equal(first, second)
+    torch.manual_seed(0)
+    again = loss.compute_loss(E, y, None, E, y)["loss"]["losses"].sum()
+    assert not hier_loss._SPARE_GRADS  # taken by the new call
+    third, = torch.autograd.grad(again, E)
+    assert len(hier_loss._SPARE_GRADS) == 1 and hier_loss._SPARE_GRADS[0] is spare  # the same memory
+    assert torch.equal(first, third)  # same seed, same draws, same gradient through a reused buffer

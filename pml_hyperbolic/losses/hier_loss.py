@@ -1,6 +1,8 @@
 """HIER: hierarchical-proxy regulariser (Kim, Jeong, Kwak, CVPR 2023)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
@@ -81,22 +83,51 @@ def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return (p - hit.mul_(descending).amax(dim=1)).long()
 
 
-def _uniform_source(device: torch.device):
+def _uniform_source(device: torch.device, seed: int | None = None):
     """A function filling a tensor with U[0, 1) draws, seeded from torch's generator.
 
     On CPU numpy's PCG64 (~1.8 ns per float32) instead of aten's ``uniform_`` (an mt19937 scalar
     loop, ~2.9 ns, the largest single cost of the stochastic loss); its seed is drawn from torch's
-    default generator, so ``torch.manual_seed`` reproduces the noise and activation checkpointing
-    (which restores torch's RNG state) redraws the same. Other devices: ``uniform_``."""
+    default generator (or given: ``seed``, to replay the same draws), so ``torch.manual_seed``
+    reproduces the noise and activation checkpointing (which restores torch's RNG state) redraws the
+    same. Other devices: ``uniform_``. Returns (fill, seed); seed is None off the CPU."""
     if device.type != "cpu":
-        return lambda t: t.uniform_()
-    rng = np.random.Generator(np.random.PCG64(int(torch.randint(0, 2 ** 62, ()))))
+        return (lambda t: t.uniform_()), None
+    seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else seed
+    rng = np.random.Generator(np.random.PCG64(seed))
 
     def fill(t):
         rng.random(out=t.numpy(), dtype=np.float32 if t.dtype == torch.float32 else np.float64)
         return t
 
-    return fill
+    return fill, seed
+
+
+# The (3, T, P) unit-factor gradients of _LCATripletLoss, kept between calls on CPU: 50 MB at the
+# default 8,192 triplets × 512 proxies, which torch's CPU allocator hands back to the OS when freed,
+# so a fresh one faulted in ~13,000 pages per call (26,000 per step, one call for the batch's
+# triplets and one for the proxies': 19% of HIER's time, all of its system time, at B = 900 on
+# 1 thread). Both calls' buffers are kept (at most two in all).
+_SPARE_GRADS: list = []
+_SPARE_LOCK = threading.Lock()
+_MAX_SPARE_GRADS = 2
+
+
+def _take_grad_buffer(shape, like: torch.Tensor) -> torch.Tensor:
+    if like.device.type == "cpu":
+        with _SPARE_LOCK:
+            for index, spare in enumerate(_SPARE_GRADS):
+                if tuple(spare.shape) == tuple(shape) and spare.dtype == like.dtype:
+                    return _SPARE_GRADS.pop(index)
+    return like.new_empty(shape)
+
+
+def _give_grad_buffer(buffer: torch.Tensor) -> None:
+    if buffer.device.type == "cpu":
+        with _SPARE_LOCK:
+            if all(spare is not buffer for spare in _SPARE_GRADS):
+                _SPARE_GRADS.append(buffer)
+                del _SPARE_GRADS[:-_MAX_SPARE_GRADS]  # the most recent ones
 
 
 def _select_lca(m: torch.Tensor, tau: float, uniform, need_pi: bool):
@@ -151,15 +182,30 @@ class _LCATripletLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dist, i, j, k, tau, margin, stochastic, block):
-        n, p = i.numel(), dist.shape[1]
         need_grad = ctx.needs_input_grad[0]
+        uniform, seed = _uniform_source(dist.device) if stochastic else (None, None)
+        loss, a, b, grads, on = _LCATripletLoss._run(dist, i, j, k, tau, margin, uniform, block, need_grad)
+        ctx.mark_non_differentiable(a, b)
+        if need_grad:
+            # grads is kept as an attribute, not a saved tensor: the backward hands it back for the
+            # next call (_give_grad_buffer); a second backward through the same graph (retain_graph)
+            # recomputes it from the same draws (``seed``). Off the CPU it stays with the graph.
+            ctx.grads, ctx.seed, ctx.stochastic = grads, seed, stochastic
+            ctx.save_for_backward(dist, on, i, j, k, a, b)
+            ctx.tau, ctx.margin, ctx.block = tau, margin, block
+        return loss, a, b
+
+    @staticmethod
+    def _run(dist, i, j, k, tau, margin, uniform, block, need_grad):
+        """The forward's loop: (loss, a, b, grads or None, on or None)."""
+        n, p = i.numel(), dist.shape[1]
         loss = dist.new_empty(n)
         a = torch.empty(n, dtype=torch.long, device=dist.device)
         b = torch.empty_like(a)
+        grads = on = None
         if need_grad:
-            grads = dist.new_empty(3, n, p)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
+            grads = _take_grad_buffer((3, n, p), dist)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
             on = dist.new_empty(3, n)  # active hinges
-        uniform = _uniform_source(dist.device) if stochastic else None
         for start in range(0, n, block):
             rows = slice(start, start + block)
             di, dj, dk = (dist.index_select(0, idx[rows]) for idx in (i, j, k))
@@ -192,21 +238,24 @@ class _LCATripletLoss(torch.autograd.Function):
             g_m1 = u2.sub_(g_k).sub_(u1)  # the rest of d/dm², plus d/dm¹ = −u¹
             torch.mul(g_m1, i_wins, out=g_i)
             torch.sub(g_m1, g_i, out=g_j)
-        ctx.mark_non_differentiable(a, b)
-        if need_grad:
-            ctx.save_for_backward(grads, on, i, j, k, a, b)
-            ctx.tau, ctx.n_points = tau, dist.shape[0]
-        return loss, a, b
+        return loss, a, b, grads, on
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_a, _grad_b):
-        grads, on, i, j, k, a, b = ctx.saved_tensors
+        dist, on, i, j, k, a, b = ctx.saved_tensors
+        grads = ctx.grads
+        if grads is None:  # a second backward (retain_graph=True): the same draws again
+            uniform = _uniform_source(dist.device, ctx.seed)[0] if ctx.stochastic else None
+            grads = _LCATripletLoss._run(dist.detach(), i, j, k, ctx.tau, ctx.margin, uniform, ctx.block, True)[3]
         p = grads.shape[2]
         scale = (grad_loss / ctx.tau).view(-1, 1)
-        grad = grads.new_zeros(ctx.n_points, p)
+        grad = grads.new_zeros(dist.shape[0], p)
         scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
         for r, idx in enumerate((i, j, k)):
             grad.index_add_(0, idx, torch.mul(grads[r], scale, out=scaled))
+        if dist.device.type == "cpu":  # consumed: the buffer serves the next call
+            ctx.grads = None
+            _give_grad_buffer(grads)
         # hard path: +c at LCA(i, j), −c at LCA(i, j, k) (reversed for k), through active hinges
         hard = on * grad_loss.view(1, -1)  # (3, T)
         flat = grad.view(-1)
