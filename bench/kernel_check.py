@@ -5,6 +5,12 @@ x is y, the gradient of a dense random upstream, n = 300 and 900, D = 128, c = 0
 in d₀ ∈ [0, 2.5]. Exits 1 if an error exceeds 1e-4 (distances) or 1e-3 (gradients, relative to
 the largest).
 
+Then ``HIERLoss`` on each device: with the deterministic LCA (eval mode) its loss and gradient
+against the CPU's float64 ones, and in training mode (Gumbel noise) a second backward through the
+same graph (``retain_graph``) against the first: the CPU replays the draws from their seed, CUDA
+keeps the forward's buffer. Exits 1 on a relative error above 1e-4 (loss) or 1e-3 (gradient) or
+any difference between the two backwards.
+
     python bench/kernel_check.py            # cuda (if available) and cpu
 """
 import math
@@ -51,8 +57,43 @@ def main() -> int:
             err_xy = ((d_xy.double().cpu() - ref_xy).abs() / ref_xy.clamp_min(1e-2)).max().item()
             print(f"{device} n={n} x-is-y: max rel err D {err:.1e}, grad rel err {gerr:.1e}; x, y: {err_xy:.1e}")
             ok &= err < 1e-4 and gerr < 1e-3 and err_xy < 1e-4
+    ok &= hier_check(devices, g)
     print("kernel check ok" if ok else "kernel check FAILED")
     return 0 if ok else 1
+
+
+def hier_check(devices, g) -> bool:
+    from pml_hyperbolic.losses import HIERLoss
+
+    n, d = 96, 32
+    x = pb.expmap0(0.3 * torch.randn(n, d, generator=g, dtype=torch.float64), C)
+    labels = torch.arange(n) // 4
+    torch.manual_seed(0)
+    proto = HIERLoss(embedding_size=d, num_proxies=24, c=C, max_triplets=512, max_proxy_triplets=256)
+    ok = True
+
+    def run(device, dtype, training, twice=False):
+        loss = HIERLoss(embedding_size=d, num_proxies=24, c=C, max_triplets=512, max_proxy_triplets=256)
+        loss.load_state_dict(proto.state_dict())
+        loss = loss.to(device=device, dtype=dtype).train(training)
+        xg = x.to(device=device, dtype=dtype).requires_grad_()
+        torch.manual_seed(1)
+        value = loss(xg, labels.to(device))
+        first, = torch.autograd.grad(value, xg, retain_graph=twice)
+        second = torch.autograd.grad(value, xg)[0] if twice else None
+        return value.double().cpu(), first.double().cpu(), None if second is None else second.double().cpu()
+
+    ref_value, ref_grad, _ = run("cpu", torch.float64, training=False)
+    for device in devices:
+        value, grad, _ = run(device, torch.float32, training=False)
+        verr = (abs(value - ref_value) / abs(ref_value)).item()
+        gerr = ((grad - ref_grad).abs().max() / ref_grad.abs().max()).item()
+        _, first, second = run(device, torch.float32, training=True, twice=True)
+        same = torch.equal(first, second)
+        print(f"{device} HIERLoss (eval, vs cpu float64): loss rel err {verr:.1e}, grad rel err {gerr:.1e}; "
+              f"training, second backward == first: {same}")
+        ok &= verr < 1e-4 and gerr < 1e-3 and same
+    return ok
 
 
 if __name__ == "__main__":
