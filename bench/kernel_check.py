@@ -7,9 +7,11 @@ the largest).
 
 Then ``HIERLoss`` on each device: with the deterministic LCA (eval mode) its loss and gradient
 against the CPU's float64 ones, and in training mode (Gumbel noise) a second backward through the
-same graph (``retain_graph``) against the first: the CPU replays the draws from their seed, CUDA
-keeps the forward's buffer. Exits 1 on a relative error above 1e-4 (loss) or 1e-3 (gradient) or
-any difference between the two backwards.
+same graph (``retain_graph``) against the first: the CPU replays the draws from their seed (equal
+bit for bit), CUDA keeps the forward's buffer (equal up to the order of its atomic ``index_add_``).
+Every triplet is used (no subsampling: the devices' random streams differ). Exits 1 on a relative
+error above 1e-4 (loss) or 1e-3 (gradient), or two backwards differing at all on CPU or by more than
+1e-5 on CUDA (3.2e-6 measured on an H200: float32 atomics in another order).
 
     python bench/kernel_check.py            # cuda (if available) and cpu
 """
@@ -69,11 +71,12 @@ def hier_check(devices, g) -> bool:
     x = pb.expmap0(0.3 * torch.randn(n, d, generator=g, dtype=torch.float64), C)
     labels = torch.arange(n) // 4
     torch.manual_seed(0)
-    proto = HIERLoss(embedding_size=d, num_proxies=24, c=C, max_triplets=512, max_proxy_triplets=256)
+    every = dict(max_triplets=10 ** 6, max_proxy_triplets=10 ** 6)  # no subsampling
+    proto = HIERLoss(embedding_size=d, num_proxies=24, c=C, **every)
     ok = True
 
     def run(device, dtype, training, twice=False):
-        loss = HIERLoss(embedding_size=d, num_proxies=24, c=C, max_triplets=512, max_proxy_triplets=256)
+        loss = HIERLoss(embedding_size=d, num_proxies=24, c=C, **every)
         loss.load_state_dict(proto.state_dict())
         loss = loss.to(device=device, dtype=dtype).train(training)
         xg = x.to(device=device, dtype=dtype).requires_grad_()
@@ -89,10 +92,10 @@ def hier_check(devices, g) -> bool:
         verr = (abs(value - ref_value) / abs(ref_value)).item()
         gerr = ((grad - ref_grad).abs().max() / ref_grad.abs().max()).item()
         _, first, second = run(device, torch.float32, training=True, twice=True)
-        same = torch.equal(first, second)
+        again = ((second - first).abs().max() / first.abs().max()).item()
         print(f"{device} HIERLoss (eval, vs cpu float64): loss rel err {verr:.1e}, grad rel err {gerr:.1e}; "
-              f"training, second backward == first: {same}")
-        ok &= verr < 1e-4 and gerr < 1e-3 and same
+              f"training, second backward vs first: {again:.1e}")
+        ok &= verr < 1e-4 and gerr < 1e-3 and (again == 0 if device == "cpu" else again <= 1e-5)
     return ok
 
 
