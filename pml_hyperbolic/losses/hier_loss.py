@@ -11,6 +11,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import _native
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
@@ -178,6 +179,13 @@ class _LCATripletLoss(torch.autograd.Function):
     path and scatters them into (N, P). Autograd over the per-op form kept a dozen (T, P)
     intermediates and ran a backward kernel for each (gathers, maxima, both softmaxes, the
     zero-valued product, bool-mask routing); that cost ~25 times PML's SupConLoss at B = 900.
+
+    On CPU the rows run in the native library (:func:`pml_hyperbolic._native.lca_rows`: one pass
+    per row for the maxima, one per choice, one for the three gradient rows; the same draws, the
+    same choices, gradients equal to rounding): at B = 900, 512 proxies, 8,192 + 8,192 triplets,
+    1 thread, the whole loss went from 192 to ~128 ms per step (``python bench/losses.py
+    --no-miners --threads 1`` for the ratio to SupCon). Elsewhere, or with
+    ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below.
     """
 
     @staticmethod
@@ -206,6 +214,11 @@ class _LCATripletLoss(torch.autograd.Function):
         if need_grad:
             grads = _take_grad_buffer((3, n, p), dist)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
             on = dist.new_empty(3, n)  # active hinges
+        if dist.device.type == "cpu":  # one native pass per row (same formulas, same draws)
+            done = _native.lca_rows(dist.contiguous(), i.contiguous(), j.contiguous(), k.contiguous(), tau, margin,
+                                    uniform, block, grads, on)
+            if done is not None:
+                return (*done, grads, on)
         for start in range(0, n, block):
             rows = slice(start, start + block)
             di, dj, dk = (dist.index_select(0, idx[rows]) for idx in (i, j, k))

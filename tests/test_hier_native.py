@@ -1,0 +1,99 @@
+"""HIER's LCA rows in the native library against the torch ops they replace (same formulas, same
+Gumbel draws), at float32 and float64, with and without noise and gradients, on 1 and 2 threads."""
+import os
+
+import pytest
+import torch
+
+from pml_hyperbolic import _native
+from pml_hyperbolic.losses import HIERLoss
+from pml_hyperbolic.losses import hier_loss as H
+
+pytestmark = pytest.mark.skipif(_native.status() != "native", reason="native library unavailable here")
+
+
+def problem(dtype, n=120, p=70, t=400, seed=0):
+    """Distances with exact ties in some rows (so that the first-of-equal rule is exercised)."""
+    g = torch.Generator().manual_seed(seed)
+    dist = (3 * torch.rand(n, p, generator=g, dtype=torch.float64)).to(dtype)
+    dist[::7, 5:9] = dist[::7, 5:6]  # ties
+    i, j, k = (torch.randint(n, (t,), generator=g) for _ in range(3))
+    return dist, i, j, k
+
+
+def run(path, dist, i, j, k, stochastic, need_grad, block=64, seed=11):
+    previous = os.environ.get("PML_HYPERBOLIC_NATIVE")
+    os.environ["PML_HYPERBOLIC_NATIVE"] = path
+    try:
+        uniform = H._uniform_source(dist.device, seed)[0] if stochastic else None
+        loss, a, b, grads, on = H._LCATripletLoss._run(dist, i, j, k, 0.2, 0.1, uniform, block, need_grad)
+        out = (loss.clone(), a.clone(), b.clone(), None if grads is None else grads.clone(),
+               None if on is None else on.clone())
+        if grads is not None:
+            H._give_grad_buffer(grads)
+        return out
+    finally:
+        if previous is None:
+            os.environ.pop("PML_HYPERBOLIC_NATIVE", None)
+        else:
+            os.environ["PML_HYPERBOLIC_NATIVE"] = previous
+
+
+@pytest.mark.parametrize("dtype,grad_tol", [(torch.float32, 2e-6), (torch.float64, 1e-14)])
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_native_rows_match_the_torch_ops(dtype, grad_tol, stochastic):
+    dist, i, j, k = problem(dtype)
+    native = run("1", dist, i, j, k, stochastic, need_grad=True)
+    torch_ops = run("0", dist, i, j, k, stochastic, need_grad=True)
+    assert torch.equal(native[1], torch_ops[1]) and torch.equal(native[2], torch_ops[2])  # the same LCAs
+    torch.testing.assert_close(native[0], torch_ops[0], rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-14)
+    assert torch.equal(native[4], torch_ops[4])  # active hinges
+    scale = torch_ops[3].abs().max()
+    assert (native[3] - torch_ops[3]).abs().max() <= grad_tol * scale
+
+
+def test_no_gradient_rows_and_thread_counts_agree():
+    dist, i, j, k = problem(torch.float32, p=300, t=1000)
+    full = run("1", dist, i, j, k, True, need_grad=True, block=512)
+    loss_only = run("1", dist, i, j, k, True, need_grad=False, block=512)
+    assert torch.equal(full[0], loss_only[0]) and torch.equal(full[1], loss_only[1])
+    assert loss_only[3] is None and loss_only[4] is None
+    uniform = H._uniform_source(dist.device, 11)[0]
+    grads, on = torch.empty(3, 1000, 300), torch.empty(3, 1000)
+    two = _native.lca_rows(dist, i, j, k, 0.2, 0.1, uniform, 512, grads, on, threads=2)
+    assert torch.equal(two[0], full[0]) and torch.equal(two[1], full[1]) and torch.equal(grads, full[3])
+
+
+def test_hier_loss_training_step_equals_the_torch_path():
+    """The whole loss (batch and proxy terms, checkpointed chunks) through both paths: the same
+    value and, to rounding, the same gradients for the embeddings and the proxies."""
+    results = {}
+    for path in ("1", "0"):
+        os.environ["PML_HYPERBOLIC_NATIVE"] = path
+        try:
+            torch.manual_seed(0)
+            loss = HIERLoss(embedding_size=16, num_proxies=40, max_triplets=3000, max_proxy_triplets=500,
+                            chunk_size=1024)
+            x = (0.3 * torch.randn(64, 16)).requires_grad_()
+            value = loss(x, torch.arange(64) // 4)
+            value.backward()
+            results[path] = (value.detach(), x.grad.clone(), loss.proxies.grad.clone())
+        finally:
+            os.environ.pop("PML_HYPERBOLIC_NATIVE", None)
+    (v1, gx1, gp1), (v0, gx0, gp0) = results["1"], results["0"]
+    torch.testing.assert_close(v1, v0, rtol=1e-6, atol=0)
+    torch.testing.assert_close(gx1, gx0, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gp1, gp0, rtol=1e-4, atol=1e-6)
+
+
+def test_not_applicable_returns_none_and_draws_nothing():
+    dist, i, j, k = problem(torch.float32)
+    drawn = []
+
+    def uniform(t):
+        drawn.append(1)
+        return t.uniform_()
+
+    assert _native.lca_rows(dist[:, ::2], i, j, k, 0.2, 0.1, uniform, 64, None, None) is None  # not contiguous
+    assert _native.lca_rows(dist, i.int(), j.int(), k.int(), 0.2, 0.1, uniform, 64, None, None) is None
+    assert not drawn
