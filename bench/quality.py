@@ -94,7 +94,10 @@ def build_rows():
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
-        Row("hier_ms", "HIER: MultiSimilarity + 0.3·HIER (128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
+        Row("hier_ms", "HIER: MultiSimilarity + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; "
+            "recipes/hier.py)", ("hier", "HIER")),
+        Row("hier_ms_nocal", "HIER: MultiSimilarity + 0.3·HIER, no calibration (before stop 21)", ("hier", "HIER"),
+            ["--radial-calibration", "0"]),
         Row("hier_ms_cal", "HIER: MultiSimilarity + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1"]),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),

@@ -229,13 +229,17 @@ def test_hier_recipe_multisimilarity_plus_regulariser(tmp_path):
     from pytorch_metric_learning.losses import MultipleLosses, MultiSimilarityLoss
     from pytorch_metric_learning.miners import MultiSimilarityMiner
 
-    from pml_hyperbolic.losses import HIERLoss
+    from pml_hyperbolic.losses import HIERLoss, RadialCalibrationLoss
 
     instances = []
     results, out = run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0.5", "--hier-proxies", "16",
                                                   "--hier-positives", "labels+mutual_nn"], instances=instances)
     recipe = instances[0]
-    loss = recipe.trainer.loss_funcs["metric_loss"]
+    outer = recipe.trainer.loss_funcs["metric_loss"]
+    # the glyph default adds the radial calibration (weight 0.03) around MultiSimilarity + λ·HIER
+    assert isinstance(outer, MultipleLosses) and list(outer.weights) == [1.0, 0.03]
+    loss, calibration = outer.losses
+    assert isinstance(calibration, RadialCalibrationLoss) and calibration.geometry is recipe.geometry
     assert isinstance(loss, MultipleLosses) and list(loss.weights) == [1.0, 0.5]
     main, hier = loss.losses
     assert isinstance(main, MultiSimilarityLoss) and isinstance(hier, HIERLoss)
@@ -257,14 +261,17 @@ def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
     module = load_recipe("hier")
     glyphs = module.HIER.parse([])  # the bundled-glyph preset (validation-chosen weight and proxies)
     assert (glyphs.hier_weight, glyphs.hier_proxies) == (module.GLYPH_HIER["hier_weight"], module.GLYPH_HIER["hier_proxies"])
+    assert glyphs.radial_calibration == 0.03 and glyphs.head_radius == "learned"  # the radius off the clip
+    assert module.HIER.parse(["--radial-calibration", "0"]).radial_calibration == 0.0  # a given flag wins
     paper = module.HIER.parse(["--dataset", "cub", "--data-root", str(tmp_path)])
     assert (paper.hier_weight, paper.hier_proxies, paper.backbone) == (1.0, 512, "vit_small_patch16_224")
+    assert paper.radial_calibration == 0.0  # the paper's setting on the real benchmarks
     instances = []
-    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0"], instances=instances)
+    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0", "--radial-calibration", "0"], instances=instances)
     assert isinstance(instances[0].trainer.mining_funcs["tuple_miner"], MultiSimilarityMiner)
     assert not isinstance(instances[0].trainer.loss_funcs["metric_loss"], MultipleLosses)
     instances = []
-    run("hier", "HIER", tmp_path / "pce", ["--no-plots", "--main-loss", "pce", "--hier-proxies", "8"],
-        instances=instances)
+    run("hier", "HIER", tmp_path / "pce", ["--no-plots", "--main-loss", "pce", "--hier-proxies", "8",
+                                           "--radial-calibration", "0"], instances=instances)
     main, _ = instances[0].trainer.loss_funcs["metric_loss"].losses
     assert isinstance(main, PairwiseCrossEntropyLoss) and main.distance._c is instances[0].geometry
