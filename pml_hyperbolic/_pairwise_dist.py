@@ -92,6 +92,7 @@ import torch
 from torch import Tensor
 
 from . import _native
+from ._spare_buffers import SpareBuffers
 from .threads import limited_threads, uncontended_threads
 
 # Target relative error of w for pairs left to the matrix product (d's relative error is at most
@@ -306,22 +307,17 @@ def _log1p_from_log(u: Tensor, v: Tensor, t: Tensor) -> Tensor:
 # ~1.5 ms at 900² (~15% of a CosineSimilarity forward+backward, 1 thread) and ~30 ms at 4096².
 # The cost: that one buffer stays allocated between calls (3.2 MB at 900², 64 MB at 4096²).
 # (CUDA's caching allocator already reuses memory: not used there.)
-_SCRATCH: dict = {}
+_SCRATCH = SpareBuffers(capacity=1)
 
 
 def _take_scratch(like: Tensor) -> Tensor:
     """An uninitialised tensor shaped like ``like``: the kept scratch buffer if it fits, else new."""
-    if like.device.type == "cpu":
-        spare = _SCRATCH.pop("S", None)  # (pop is atomic: two threads never get the same buffer)
-        if spare is not None and spare.shape == like.shape and spare.dtype == like.dtype:
-            return spare
-    return torch.empty_like(like)
+    return _SCRATCH.take(like.shape, like)
 
 
 def _give_scratch(buffer: Tensor) -> None:
     """Keep ``buffer`` (no longer referenced by its caller) for the next :func:`_take_scratch`."""
-    if buffer.device.type == "cpu" and buffer.is_contiguous():
-        _SCRATCH["S"] = buffer
+    _SCRATCH.give(buffer)
 
 
 def _distance_tail(P: Tensor, c: float, col_scale: Tensor, row_min: Tensor | None = None,

@@ -491,12 +491,12 @@ def test_second_backward_recomputes_the_same_gradient_and_buffers_are_reused():
     out = loss.compute_loss(E, y, None, E, y)["loss"]
     value = out["losses"].sum()
     first, = torch.autograd.grad(value, E, retain_graph=True)
-    spare, = hier_loss._SPARE_GRADS  # handed back
+    spare, = list(hier_loss._SPARE_GRADS)  # handed back
     second, = torch.autograd.grad(value, E)
     assert torch.equal(first, second)
     torch.manual_seed(0)
     again = loss.compute_loss(E, y, None, E, y)["loss"]["losses"].sum()
     assert not hier_loss._SPARE_GRADS  # taken by the new call
     third, = torch.autograd.grad(again, E)
-    assert len(hier_loss._SPARE_GRADS) == 1 and hier_loss._SPARE_GRADS[0] is spare  # the same memory
+    assert len(hier_loss._SPARE_GRADS) == 1 and list(hier_loss._SPARE_GRADS)[0] is spare  # the same memory
     assert torch.equal(first, third)  # same seed, same draws, same gradient through a reused buffer

@@ -30,7 +30,7 @@ def run(path, dist, i, j, k, stochastic, need_grad, block=64, seed=11):
         out = (loss.clone(), a.clone(), b.clone(), None if grads is None else grads.clone(),
                None if on is None else on.clone())
         if grads is not None:
-            H._give_grad_buffer(grads)
+            H._SPARE_GRADS.give(grads)
         return out
     finally:
         if previous is None:

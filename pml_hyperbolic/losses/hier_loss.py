@@ -1,8 +1,6 @@
 """HIER: hierarchical-proxy regulariser (Kim, Jeong, Kwak, CVPR 2023)."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
@@ -15,6 +13,7 @@ from .. import _native
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
+from .._spare_buffers import SpareBuffers
 from ._common import check_labels, check_nonnegative, check_positive
 
 _POSITIVES = ("labels", "labels+mutual_nn")
@@ -110,30 +109,10 @@ def _uniform_source(device: torch.device, seed: int | None = None):
 
 
 # The (3, T, P) unit-factor gradients of _LCATripletLoss, kept between calls on CPU: 50 MB at the
-# default 8,192 triplets × 512 proxies, which torch's CPU allocator hands back to the OS when freed,
-# so a fresh one faulted in ~13,000 pages per call (26,000 per step, one call for the batch's
-# triplets and one for the proxies': 19% of HIER's time, all of its system time, at B = 900 on
-# 1 thread). Both calls' buffers are kept (at most two in all).
-_SPARE_GRADS: list = []
-_SPARE_LOCK = threading.Lock()
-_MAX_SPARE_GRADS = 2
-
-
-def _take_grad_buffer(shape, like: torch.Tensor) -> torch.Tensor:
-    if like.device.type == "cpu":
-        with _SPARE_LOCK:
-            for index, spare in enumerate(_SPARE_GRADS):
-                if tuple(spare.shape) == tuple(shape) and spare.dtype == like.dtype:
-                    return _SPARE_GRADS.pop(index)
-    return like.new_empty(shape)
-
-
-def _give_grad_buffer(buffer: torch.Tensor) -> None:
-    if buffer.device.type == "cpu":
-        with _SPARE_LOCK:
-            if all(spare is not buffer for spare in _SPARE_GRADS):
-                _SPARE_GRADS.append(buffer)
-                del _SPARE_GRADS[:-_MAX_SPARE_GRADS]  # the most recent ones
+# default 8,192 triplets × 512 proxies; a fresh one faulted in ~13,000 pages per call (26,000 per
+# step, one call for the batch's triplets and one for the proxies': 19% of HIER's time, all of its
+# system time, at B = 900 on 1 thread). Both calls' buffers are kept.
+_SPARE_GRADS = SpareBuffers(capacity=2)
 
 
 def _select_lca(m: torch.Tensor, tau: float, uniform, need_pi: bool):
@@ -201,7 +180,7 @@ class _LCATripletLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(a, b)
         if need_grad:
             # grads is kept as an attribute, not a saved tensor: the backward hands it back for the
-            # next call (_give_grad_buffer); a second backward through the same graph (retain_graph)
+            # next call (_SPARE_GRADS); a second backward through the same graph (retain_graph)
             # recomputes it from the same draws (``seed``). Off the CPU it stays with the graph.
             ctx.grads, ctx.seed, ctx.stochastic = grads, seed, stochastic
             ctx.save_for_backward(dist, on, i, j, k, a, b)
@@ -217,7 +196,7 @@ class _LCATripletLoss(torch.autograd.Function):
         b = torch.empty_like(a)
         grads = on = None
         if need_grad:
-            grads = _take_grad_buffer((3, n, p), dist)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
+            grads = _SPARE_GRADS.take((3, n, p), dist)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
             on = dist.new_empty(3, n)  # active hinges
         if dist.device.type == "cpu":  # one native pass per row (same formulas, same draws)
             done = _native.lca_rows(dist.contiguous(), i.contiguous(), j.contiguous(), k.contiguous(), tau, margin,
@@ -273,7 +252,7 @@ class _LCATripletLoss(torch.autograd.Function):
             grad.index_add_(0, idx, torch.mul(grads[r], scale, out=scaled))
         if dist.device.type == "cpu":  # consumed: the buffer serves the next call
             ctx.grads = None
-            _give_grad_buffer(grads)
+            _SPARE_GRADS.give(grads)
         # hard path: +c at LCA(i, j), −c at LCA(i, j, k) (reversed for k), through active hinges
         hard = on * grad_loss.view(1, -1)  # (3, T)
         flat = grad.view(-1)
