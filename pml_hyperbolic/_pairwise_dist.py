@@ -438,9 +438,9 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     columns i0: (the part on and above the diagonal), about half the flops of one full product. A
     multiple of the native tail's band height (16). ``python bench/distance.py --symmetric-parts``
     (1 thread, idle; ``bench/results/distance_radial_runner.txt``) times the product at 0.74× a full
-    GEMM with these 128-row blocks at 900² (0.71× with 160) and 0.72× at 4096² (384 rows). The whole
-    forward at 160 rows was no faster than at 128 in the bench's own protocol (1.69–1.94× against
-    1.70–1.77× a GEMM, four radial cases), so 128 stays: another block height rounds the products
+    GEMM with these 128-row blocks at 900² (0.71× with 160) and 0.72× at 4096² (384 rows), and product +
+    tail per block at 1.33× (128) against 1.27× (160). 128 stays until a change of block height can be
+    measured with the whole forward and the tables rerun: another height rounds the products
     differently in the last bits.
 
     With several threads only three blocks (67% of a full product's flops): each product is a
