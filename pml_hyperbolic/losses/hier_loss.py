@@ -22,8 +22,10 @@ _POSITIVES = ("labels", "labels+mutual_nn")
 _BLOCK_ELEMENTS = 1 << 18
 # On a GPU the same loop is bound by kernel launches (about twenty ops per block, sixteen blocks per
 # call at the defaults): one block of up to 8M elements (~400 MB of float32 temporaries at most).
-# Measured on an H200 at B = 882, 512 proxies: the loss's fwd+bwd 52-56 -> 13-17 ms, peak +127 MiB;
-# the HIER recipe's training step 1.44x -> 1.13x SupCon's (bench/results/gpu_host_stop21.txt).
+# Measured on an H200 (``python3 bench/losses.py --device cuda --no-miners --only HIERLoss``, B = 900,
+# 512 proxies, before and after): the loss's fwd+bwd 72-82 -> 18-25 ms, peak 125 -> 253 MiB; the
+# HIER recipe's training step 1.27-1.30x -> 1.12-1.13x SupCon's (``python3 bench/gpu_step.py``;
+# bench/results/gpu_host_stop21.txt).
 _BLOCK_ELEMENTS_GPU = 1 << 23
 
 
@@ -167,8 +169,9 @@ class _LCATripletLoss(torch.autograd.Function):
     On CPU the rows run in the native library (:func:`pml_hyperbolic._native.lca_rows`: one pass
     per row for the maxima, one per choice, one for the three gradient rows; the same draws, the
     same choices, gradients equal to rounding): at B = 900, 512 proxies, 8,192 + 8,192 triplets,
-    1 thread, the whole loss went from 192 to ~128 ms per step (``python bench/losses.py
-    --no-miners --threads 1`` for the ratio to SupCon). Elsewhere, or with
+    the whole loss went from 175 to 127 ms per step on 1 thread and from 127 to 99 ms on 2
+    (``python bench/losses.py --no-miners --threads N --only HIERLoss`` before and after;
+    bench/results/hier_cpu_before_after.txt). Elsewhere, or with
     ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below.
     """
 
