@@ -111,9 +111,9 @@ def _uniform_source(device: torch.device, seed: int | None = None):
 
 
 # The (3, T, P) unit-factor gradients of _LCATripletLoss, kept between calls on CPU: 50 MB at the
-# default 8,192 triplets × 512 proxies; a fresh one faulted in ~13,000 pages per call (26,000 per
-# step, one call for the batch's triplets and one for the proxies': 19% of HIER's time, all of its
-# system time, at B = 900 on 1 thread). Both calls' buffers are kept.
+# default 8,192 triplets × 512 proxies, i.e. ~12,800 fresh pages per call otherwise (two calls per
+# step, the batch's triplets and the proxies'); reusing them took the loss from 6.44x to 5.49x
+# SupCon's time (``python bench/losses.py --no-miners --threads 1`` at 7a610fd and be010eb).
 _SPARE_GRADS = SpareBuffers(capacity=2)
 
 
