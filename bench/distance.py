@@ -290,9 +290,9 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
             reps = repeats if n <= 1024 else max(3, repeats // 4)
             print(f"\nRadial distributions, N = M = {n}, D = {dim}, c = {C}, float32, 1 thread, CPU time "
                   f"(time.process_time), medians of {reps} interleaved repeats; radius = hyperbolic d₀")
-            print("| case | tail | fwd+bwd / Cosine fwd+bwd | fwd / GEMM | fwd+bwd ms | Cosine ms | max rel err (D ≥ 0.01) "
-                  "| max abs err (D < 0.01) | load avg |")
-            print("|---|---|---|---|---|---|---|---|---|")
+            print("| case | tail | fwd+bwd / Cosine fwd+bwd | fwd / GEMM | fwd / GEMM, each right after Cosine "
+                  "\\| each second | fwd+bwd ms | Cosine ms | max rel err (D ≥ 0.01) | max abs err (D < 0.01) | load avg |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for name, x in radial_cases(n, dim).items():
                 for path in paths:  # warm-up
                     _set_tail_path(path)
@@ -300,15 +300,21 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
                         cpu_time(fn, x, True)
                 t = {k: [] for k in ("cos", "gemm")}
                 t.update({(path, k): [] for path in paths for k in ("fb", "fwd")})
-                for _ in range(reps):
+                for repeat in range(reps):
                     for path in paths:
                         _set_tail_path(path)
                         t[path, "fb"].append(cpu_time(kernel, x, True))
                     t["cos"].append(cpu_time(cos, x, True))
-                    for path in paths:
-                        _set_tail_path(path)
-                        t[path, "fwd"].append(cpu_time(kernel, x, False))
-                    t["gemm"].append(cpu_time(gemm, x, False))
+                    # the forwards and the GEMM in alternating order: whichever runs right after the
+                    # Cosine fwd+bwd starts from colder caches than the one after it (before, that
+                    # was always the kernel); the position columns show the difference
+                    fwd_order = [*paths, "gemm"] if repeat % 2 == 0 else ["gemm", *paths]
+                    for path in fwd_order:
+                        if path == "gemm":
+                            t["gemm"].append(cpu_time(gemm, x, False))
+                        else:
+                            _set_tail_path(path)
+                            t[path, "fwd"].append(cpu_time(kernel, x, False))
                 m = {k: statistics.median(v) for k, v in t.items()}
                 ref = reference_dist(x)
                 big = ref >= 1e-2
@@ -320,9 +326,18 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
                     rel = float(((d - ref).abs()[big] / ref[big]).max()) if big.any() else 0.0
                     small = float((d - ref).abs()[~big].max()) if (~big).any() else 0.0
                     fb, fwd = m[path, "fb"] / m["cos"], m[path, "fwd"] / m["gemm"]
+                    # the same position for both: the kernel on even repeats and the GEMM on odd
+                    # ones ran right after the Cosine fwd+bwd; the reverse, second
+                    kf, gm = t[path, "fwd"], t["gemm"]
+                    if reps > 1 and len(paths) == 1:
+                        by_position = (f"{statistics.median(kf[0::2]) / statistics.median(gm[1::2]):.2f} \\| "
+                                       f"{statistics.median(kf[1::2]) / statistics.median(gm[0::2]):.2f}")
+                    else:  # (with several paths only the first one alternates with the GEMM)
+                        by_position = "-"
                     rows.append((n, name, labels[path], fb, fwd, rel, small, load))
-                    print(f"| {name} | {labels[path]} | {fb:.2f} | {fwd:.2f} | {m[path, 'fb'] * 1e3:.1f} | "
-                          f"{m['cos'] * 1e3:.1f} | {rel:.1e} | {small:.1e} | {load:.2f} |", flush=True)
+                    print(f"| {name} | {labels[path]} | {fb:.2f} | {fwd:.2f} | {by_position} | "
+                          f"{m[path, 'fb'] * 1e3:.1f} | {m['cos'] * 1e3:.1f} | {rel:.1e} | {small:.1e} | {load:.2f} |",
+                          flush=True)
     finally:
         torch.set_num_threads(previous)
         for key, value in previous_env.items():

@@ -232,6 +232,25 @@ def test_tail_by_row_blocks_equals_one_call(threads):
             _native.symmetric_distance_tail(G.clone(), None, *vectors, 1.0, 0.07, threads, rows=bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, splits", [(1, ()), (17, (16,)), (129, (16, 48)), (300, (128, 256)), (301, (144,))])
+def test_mirror_fills_every_lower_entry(n, splits, dtype):
+    """The mirror (16 × 16 blocks by column tiles of groups of up to 128 rows, element by element
+    at the edges) writes every entry below the diagonal exactly once from its transpose, for sizes
+    and row ranges around the 16-row slices and 128-row groups; the lower triangle starts as NaN."""
+    x = radial_points(n, 8, 0.1, 2.5, 4).to(dtype)
+    x2, inv_a = kernel._row_terms(x, 0.1)
+    vectors = (x2.to(dtype), (0.2 * inv_a).to(dtype), inv_a.to(dtype))
+    G = torch.triu(x @ x.T) + torch.full((n, n), float("nan"), dtype=dtype).tril(-1)
+    bounds = (0, *splits, n)
+    for begin, end in zip(bounds[:-1], bounds[1:]):
+        # (a tiny closeness factor: no pair is handed back for explicit recomputation)
+        assert _native.symmetric_distance_tail(G, None, *vectors, 1 / math.sqrt(0.1), 1e-9, 1, rows=(begin, end)) == 0
+    assert not torch.isnan(G).any() and torch.equal(G, G.T)
+    ref = pb.pairwise_dist(x.double(), x.double().clone(), 0.1)
+    torch.testing.assert_close(G.double(), ref, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
 def test_two_threads_match_one(monkeypatch):
     """With 2 torch threads the symmetric forward runs all products first, then one tail split
     over the threads (and the backward's weights too): the same matrix and gradient within the
