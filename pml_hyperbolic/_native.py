@@ -136,7 +136,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         sym_tail.argtypes = [ptr, ptr, ptr, ptr, ptr, long_, scalar, scalar, long_, long_, ptr]
         sym_tail.restype = None
         row_terms = getattr(lib, f"pml_row_terms_{name}")
-        row_terms.argtypes = [ptr, long_, long_, ctypes.c_double, ctypes.c_double, ptr, ptr]
+        row_terms.argtypes = [ptr, long_, long_, ctypes.c_double, ctypes.c_double, ptr, ptr, ctypes.c_double,
+                              ctypes.c_double, ptr, ptr, ptr, ptr]
         row_terms.restype = None
         sym_grad = getattr(lib, f"pml_sym_grad_{name}")
         sym_grad.argtypes = [ptr, long_, long_, ptr, long_, long_, long_]
@@ -403,11 +404,17 @@ def symmetric_gradient_weights(U: Tensor, S: Tensor, threads: int = 1) -> bool:
     return True
 
 
-def row_terms(x: Tensor, c: float, floor: float):
+def row_terms(x: Tensor, c: float, floor: float, extreme: tuple[float, float] | None = None):
     """(‖x_i‖², 1/max(1 − c‖x_i‖², floor)) in float64 for the rows of a contiguous CPU float32/float64
     ``x`` (eight partial sums per row, so that the loop vectorises: 0.08–0.09 against 0.27–0.30 ms
     for 900 × 128 through ``x.double()`` and ``vecdot``, ``python bench/distance.py --symmetric-parts
-    --quick``), or None when the native path does not apply."""
+    --quick``), or None when the native path does not apply.
+
+    With ``extreme = (inv_a_bound, tiny_sq_norm)`` (the symmetric forward), the same pass also
+    returns the symmetric tail's row vectors in x's dtype, ``(x2, 2c·inv_a, inv_a)`` rounded as
+    ``.to(dtype)`` rounds them, whether any row has x2 ≠ 0 (NaN counts) and whether any row is
+    extreme (inv_a > inv_a_bound or 0 < x2 < tiny_sq_norm): ``(x2, inv_a, vectors, any_nonzero,
+    any_extreme)``."""
     if not enabled() or x.ndim != 2 or not _usable(x) or x.numel() == 0:
         return None
     lib = _library()
@@ -417,8 +424,16 @@ def row_terms(x: Tensor, c: float, floor: float):
     x2 = torch.empty(n, dtype=torch.float64)
     inv_a = torch.empty(n, dtype=torch.float64)
     fn = lib.pml_row_terms_f32 if x.dtype == torch.float32 else lib.pml_row_terms_f64
-    fn(x.data_ptr(), n, dim, float(c), float(floor), x2.data_ptr(), inv_a.data_ptr())
-    return x2, inv_a
+    if extreme is None:
+        fn(x.data_ptr(), n, dim, float(c), float(floor), x2.data_ptr(), inv_a.data_ptr(), 0.0, 0.0,
+           None, None, None, None)
+        return x2, inv_a
+    vectors = torch.empty(3, n, dtype=x.dtype)
+    counts = (ctypes.c_long * 2)()
+    base, step = vectors.data_ptr(), n * vectors.element_size()
+    fn(x.data_ptr(), n, dim, float(c), float(floor), x2.data_ptr(), inv_a.data_ptr(), float(extreme[0]),
+       float(extreme[1]), base, base + step, base + 2 * step, counts)
+    return x2, inv_a, tuple(vectors.unbind(0)), counts[0] > 0, counts[1] > 0
 
 
 # ~2.5 ns of work per element (two exponentials and logarithms): a part of 32k elements (80 µs)

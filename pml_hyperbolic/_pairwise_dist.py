@@ -452,7 +452,8 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     return min(max(128, (n // 8) // 16 * 16), 384)
 
 
-def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: bool):
+def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: bool,
+                       row_vectors: tuple | None = None):
     """The forward for x is y on CPU through the native symmetric tail
     (:func:`pml_hyperbolic._native.symmetric_distance_tail`): the Gram product x xᵀ only on and
     above the diagonal (row blocks, written straight into the output), then one tiled pass that
@@ -461,7 +462,8 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     s = ‖x_i‖² + ‖x_j‖² − 2 x_i·x_j; its pairs are recomputed from explicit differences in float64.
     Returns (D, S, rows, cols, w_close), or None when this path does not apply (not CPU float32 /
     float64, no native library, or a float32 batch with more than ``_MAX_CLOSE_FRACTION`` close
-    pairs, which the general path redoes in float64); nothing is then kept."""
+    pairs, which the general path redoes in float64); nothing is then kept. ``row_vectors``: the
+    tail's (x2, 2c·inv_a, inv_a) in x's dtype when the caller has them (from the native row terms)."""
     n, dim = x.shape
     dtype = x.dtype
     if (x.device.type != "cpu" or dtype not in (torch.float32, torch.float64) or n < 2
@@ -470,7 +472,8 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
     G = torch.empty(n, n, dtype=dtype)
     S = _take_scratch(G) if keep_S else None
     factor = _gram_error(dtype, dim + 2) / _TARGET_REL_ERROR[dtype]
-    row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
+    if row_vectors is None:
+        row_vectors = (x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), inv_a.to(dtype))
     tail = _native.symmetric_tail_runner(G, S, *row_vectors, 1.0 / math.sqrt(cf), factor)
     n_close = None
     if tail is not None:
@@ -513,7 +516,20 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     float64 row terms, whether every point is at the origin, and whether the native symmetric
     forward ran (:func:`_symmetric_forward`: then S is exactly symmetric)."""
     dtype = x.dtype
-    x2, inv_a = _row_terms(x, cf)
+    terms = None
+    if same and x.device.type == "cpu" and x.shape[0] >= 2:
+        # x is y on CPU (PML's compute_mat(emb, emb)): the row terms, the tail's row vectors and
+        # the two checks below in one native pass, then the symmetric forward (the separate
+        # torch ops cost ~0.1 of a GEMM at 900 x 900)
+        terms = _native.row_terms(x, cf, DENOM_FLOOR, extreme=(1.0 / _EXTREME_A[dtype], _TINY_SQ_NORM[dtype]))
+        if terms is not None:
+            x2, inv_a, row_vectors, any_nonzero, any_extreme = terms
+            if any_nonzero and not any_extreme:
+                done = _symmetric_forward(x, x2, inv_a, cf, keep_S, row_vectors)
+                if done is not None:
+                    return (*done, x2, inv_a, x2, inv_a, False, True)
+    if terms is None:
+        x2, inv_a = _row_terms(x, cf)
     y2, inv_b = (x2, inv_a) if same else _row_terms(y, cf)
     if x.shape[0] == 0 or y.shape[0] == 0:
         empty = x.new_zeros(x.shape[0], y.shape[0])

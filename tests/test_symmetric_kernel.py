@@ -192,6 +192,32 @@ def test_native_row_terms_match_torch(dtype):
     assert _native.row_terms(x.T, c, kernel.DENOM_FLOOR) is None  # not contiguous: the torch path
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_row_terms_extras_match_the_torch_ops(dtype):
+    """With ``extreme=``: the tail's row vectors equal the torch expressions they replace, bit for
+    bit, and the two flags equal ``(x2 != 0).any()`` and ``_extreme_points(...) is not None``."""
+    c = 0.7
+    bound = (1.0 / kernel._EXTREME_A[dtype], kernel._TINY_SQ_NORM[dtype])
+    x = radial_points(40, 19, c, 5.0, 1, dtype)
+    x2, inv_a, vectors, any_nonzero, any_extreme = _native.row_terms(x, c, kernel.DENOM_FLOOR, extreme=bound)
+    assert torch.equal(torch.stack([x2, inv_a]), torch.stack(_native.row_terms(x, c, kernel.DENOM_FLOOR)))
+    expected = (x2.to(dtype), ((2.0 * c) * inv_a).to(dtype), inv_a.to(dtype))
+    assert all(v.dtype == dtype and torch.equal(v, e) for v, e in zip(vectors, expected))
+    assert any_nonzero and not any_extreme
+    cases = {"all at the origin": (lambda z: z.zero_(), False, False),
+             "one NaN row, rest at the origin": (lambda z: z.zero_().index_fill_(0, torch.tensor([3]), float("nan")),
+                                                 True, False),
+             "a point outside the ball": (lambda z: z[4].fill_(2.0 / math.sqrt(c * 19)), True, True),
+             "a tiny nonzero point": (lambda z: z[5].zero_().index_fill_(0, torch.tensor([0]), 1e-20 if dtype ==
+                                                                                 torch.float32 else 1e-150), True, True)}
+    for name, (edit, nonzero, extreme) in cases.items():
+        y = x.clone()
+        edit(y)
+        y2, inv_b, _, any_nonzero, any_extreme = _native.row_terms(y, c, kernel.DENOM_FLOOR, extreme=bound)
+        assert any_nonzero == bool((y2 != 0).any()) == nonzero, name
+        assert any_extreme == (kernel._extreme_points(y2, inv_b, dtype) is not None) == extreme, name
+
+
 @pytest.mark.parametrize("flag", ["1", "0"])
 def test_same_data_distinct_tensors(monkeypatch, flag):
     """x and x.detach() share their data (the symmetric forward runs) but only x wants a gradient:
