@@ -588,10 +588,17 @@ def _kernel_threads(x: Tensor):
     """The CPU threads of one kernel call: the cores no other process holds right now. The row-
     blocked tail is a loop of mid-sized parallel ops; on a busy machine each op's barrier would wait
     for a descheduled thread (measured: 2 threads 3.1× the 1-thread wall time under load,
-    ``bench/under_load.py``)."""
-    if x.device.type != "cpu":
+    ``bench/under_load.py``). Nothing to limit on one thread (the context costs a few µs per call)."""
+    if x.device.type != "cpu" or torch.get_num_threads() <= 1:
         return contextlib.nullcontext()
     return limited_threads(uncontended_threads())
+
+
+def _autocast_off(x: Tensor):
+    """The kernel runs in its inputs' dtypes: autocast off for the call where it is on."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(device_type=x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 class PoincarePairwiseDist(torch.autograd.Function):
@@ -604,7 +611,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
         same = x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
         ctx.same = same
         ctx.same_object = x is y
-        with torch.autocast(device_type=x.device.type, enabled=False), _kernel_threads(x):
+        with _autocast_off(x), _kernel_threads(x):
             d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, at_origin, symmetric = _forward_core(
                 x, y, cf, same, keep_S=any(ctx.needs_input_grad))
         # S is kept as an attribute, not a saved tensor: the backward turns it into E in place
