@@ -325,8 +325,9 @@ PML_MIRROR_BLOCK(pml_mirror_block_f64, double, pml_v16d, int64_t)
  * further are prefetched for writing (they are usually cold: nothing else touches the lower
  * triangle). Element by element elsewhere. Slice by slice and without the prefetch, the mirror
  * stalled on its destination lines (a perf profile put the tail's samples on the stores); product +
- * tail went from 1.36 to 1.24-1.25x a full GEMM at 900 x 900 (1.29 to 1.14 at 4096, 384-row blocks),
- * bit-identical (python bench/distance.py --symmetric-parts, before and after). */
+ * tail per block went from 1.36 to 1.28x a full GEMM at 900 x 900 (128-row blocks) and from 1.32 to
+ * 1.17x at 4096 x 4096 (384-row blocks), bit-identical (python bench/distance.py --symmetric-parts
+ * [--quick], before and after: bench/results/kernel_mirror_stop22.txt). */
 #define PML_MIRROR_AHEAD 48
 #define PML_MIRROR(NAME, T, BLOCK)                                                                   \
     static inline void NAME(T *restrict M, long n, long i0, long i1, long j_begin, long j1)          \

@@ -437,11 +437,11 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
     columns i0: (the part on and above the diagonal), about half the flops of one full product. A
     multiple of the native tail's band height (16). ``python bench/distance.py --symmetric-parts``
-    (1 thread, idle; ``bench/results/distance_radial_runner.txt``) times the product at 0.74× a full
-    GEMM with these 128-row blocks at 900² (0.71× with 160) and 0.72× at 4096² (384 rows), and product +
-    tail per block at 1.33× (128) against 1.27× (160). 128 stays until a change of block height can be
-    measured with the whole forward and the tables rerun: another height rounds the products
-    differently in the last bits.
+    (1 thread, idle; ``bench/results/kernel_mirror_stop22.txt``) times the product at 0.76× a full
+    GEMM with these 128-row blocks at 900² (0.70× with 160) and 0.73× at 4096² (384 rows), and product +
+    tail per block at 1.28× (128) against 1.23× (160). 128 stays: another height can round the products
+    differently in the last bits (MKL's result for a row block depends on the block's height for some
+    inputs), and the tables and the main job would have to be rerun for a few hundredths.
 
     With several threads only three blocks (67% of a full product's flops): each product is a
     parallel region whose barrier waits for a descheduled thread when the machine turns busy
