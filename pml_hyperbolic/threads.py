@@ -14,6 +14,7 @@ the cores are busy. ``default_threads()`` is a sane starting count for a whole p
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import numbers
@@ -110,8 +111,11 @@ def runnable_elsewhere(samples: int = 3, interval: float = 0.002) -> int | None:
     return worst
 
 
-_RECHECK_SECONDS = 0.25
-_last_reading: list = [-1e300, None]  # (monotonic time, runnable_elsewhere()) of the last look
+# uncontended_threads looks at the run queue once per call at most every _LOOK_SECONDS (one
+# reading, no sleep) and uses the most runnable threads seen in the last _WINDOW_SECONDS.
+_LOOK_SECONDS = 0.05
+_WINDOW_SECONDS = 0.25
+_readings: collections.deque = collections.deque()  # (monotonic time, runnable_elsewhere(samples=1))
 
 
 def uncontended_threads(requested: int | None = None, cores: int | None = None) -> int:
@@ -121,19 +125,25 @@ def uncontended_threads(requested: int | None = None, cores: int | None = None) 
 
     ``requested`` defaults to torch's current count. That count on an idle machine; fewer, down
     to 1, when other processes already occupy the cores (there a barrier would wait for a
-    descheduled thread). The machine is looked at (:func:`runnable_elsewhere`, ~5 ms) at most
-    every 0.25 s; where the OS gives no run-queue figure, ``requested`` is returned."""
+    descheduled thread). "Runnable elsewhere" is the most seen in the last 0.25 s by one reading of
+    :func:`runnable_elsewhere` per call at most every 0.05 s: a fresh look of three readings 2 ms
+    apart slept 4 ms, and under load a process that sleeps waits for a core to wake up, so the
+    calls that looked read slower in wall time than the same work on one thread (``python
+    bench/under_load.py --cases pairwise``: ``bench/results/under_load_stop22.txt``). Where the OS
+    gives no run-queue figure, ``requested`` is returned."""
     requested = torch.get_num_threads() if requested is None else _check_count(requested, "requested")
     cores = usable_cores() if cores is None else _check_count(cores, "cores")
     if requested <= 1:
         return 1
     now = time.monotonic()
-    if now - _last_reading[0] > _RECHECK_SECONDS:
-        _last_reading[:] = [now, runnable_elsewhere()]
-    others = _last_reading[1]
-    if others is None:  # pragma: no cover - non-Linux
+    if not _readings or now - _readings[-1][0] > _LOOK_SECONDS:
+        _readings.append((now, runnable_elsewhere(samples=1)))
+    while now - _readings[0][0] > _WINDOW_SECONDS and len(_readings) > 1:
+        _readings.popleft()
+    seen = [others for _, others in _readings if others is not None]
+    if not seen:  # pragma: no cover - non-Linux
         return requested
-    return max(1, min(requested, cores - others))
+    return max(1, min(requested, cores - max(seen)))
 
 
 def default_threads(load: float | None = None, cores: int | None = None) -> int:

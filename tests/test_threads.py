@@ -1,4 +1,6 @@
 """pml_hyperbolic.threads: scoped thread counts, the load-aware count for loops, the default."""
+import collections
+
 import faiss
 import pytest
 import torch
@@ -75,24 +77,40 @@ def test_runnable_elsewhere_reads_the_run_queue():
     (13, 16, 8, 3),
 ])
 def test_uncontended_threads_reference_values(monkeypatch, others, cores, requested, want):
-    monkeypatch.setattr(T, "runnable_elsewhere", lambda: others)
-    monkeypatch.setattr(T, "_last_reading", [-1e300, None])
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda samples=3, interval=0.002: others)
+    monkeypatch.setattr(T, "_readings", collections.deque())
     assert uncontended_threads(requested, cores=cores) == want
 
 
 def test_uncontended_threads_caches_and_defaults(monkeypatch, two_threads):
     calls = []
-    monkeypatch.setattr(T, "runnable_elsewhere", lambda: calls.append(1) or 0)
-    monkeypatch.setattr(T, "_last_reading", [-1e300, None])
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda samples=3, interval=0.002: calls.append(samples) or 0)
+    monkeypatch.setattr(T, "_readings", collections.deque())
     assert uncontended_threads(cores=2) == 2  # requested = torch's count
     assert uncontended_threads(cores=2) == 2
-    assert len(calls) == 1  # the machine is looked at once per 0.25 s
+    assert calls == [1]  # one reading, no sleep; then none for 0.05 s
     assert uncontended_threads(1) == 1
     for bad in (0, 1.5, "2", True):
         with pytest.raises(ValueError, match="requested"):
             uncontended_threads(bad)
     with pytest.raises(ValueError, match="cores"):
         uncontended_threads(2, cores=0)
+
+
+def test_uncontended_threads_uses_the_busiest_reading_of_the_window(monkeypatch):
+    """A process seen busy 0.1 s ago still counts (the readings of the last 0.25 s), one seen
+    0.3 s ago no longer does."""
+    clock = [100.0]
+    readings = iter([2, 0, 0])
+    monkeypatch.setattr(T.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda samples=3, interval=0.002: next(readings))
+    monkeypatch.setattr(T, "_readings", collections.deque())
+    assert uncontended_threads(2, cores=2) == 1  # two others now
+    clock[0] += 0.1
+    assert uncontended_threads(2, cores=2) == 1  # idle now, busy 0.1 s ago
+    clock[0] += 0.2
+    assert uncontended_threads(2, cores=2) == 2  # the busy reading has left the window
+    assert [others for _, others in T._readings] == [0, 0]  # (the reading at 100.0 s dropped)
 
 
 @pytest.mark.parametrize("load, cores, want", [
