@@ -223,6 +223,8 @@ def test_hyp_vit_with_hier_regulariser(tmp_path):
     optimiser = recipe.trainer.optimizers["metric_loss_optimizer"]
     assert any(p is hier.proxies for group in optimiser.param_groups for p in group["params"])
     assert optimiser.state[hier.proxies]["step"] == 2  # two training steps moved them
+    # without --loss-lr the proxies learn at the head's rate
+    assert [g["lr"] for g in optimiser.param_groups] == [recipe.args.head_lr]
 
 
 def test_hier_recipe_multisimilarity_plus_regulariser(tmp_path):
@@ -233,7 +235,8 @@ def test_hier_recipe_multisimilarity_plus_regulariser(tmp_path):
 
     instances = []
     results, out = run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0.5", "--hier-proxies", "16",
-                                                  "--hier-positives", "labels+mutual_nn"], instances=instances)
+                                                  "--hier-positives", "labels+mutual_nn", "--loss-lr", "0.05"],
+                       instances=instances)
     recipe = instances[0]
     outer = recipe.trainer.loss_funcs["metric_loss"]
     # the glyph default adds the radial calibration (weight 0.03) around MultiSimilarity + λ·HIER
@@ -250,6 +253,8 @@ def test_hier_recipe_multisimilarity_plus_regulariser(tmp_path):
     assert results["curvature"] == pytest.approx(0.1)  # evaluated with the Poincaré kNN of the geometry
     optimiser = recipe.trainer.optimizers["metric_loss_optimizer"]
     assert optimiser.state[hier.proxies]["step"] == 2
+    assert [g["lr"] for g in optimiser.param_groups] == [0.05]  # --loss-lr
+    assert recipe.trainer.optimizers["embedder_optimizer"].param_groups[0]["lr"] == recipe.args.head_lr
 
 
 def test_hier_recipe_main_loss_alone_and_presets(tmp_path):

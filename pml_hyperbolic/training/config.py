@@ -219,6 +219,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset="au
                         "no effect with --freeze-trunk true and a --head-lr.")
     g.add_argument("--head-lr", type=optional_positive_float, default=None,
                    help="Learning rate of the head ('none' = same as --lr).")
+    g.add_argument("--loss-lr", type=optional_positive_float, default=None,
+                   help="Learning rate of the losses' own parameters (HIER's proxies, HypMix's λ, a learnable "
+                        "curvature in a loss; 'none' = the head's). HIER's authors give their proxies 100x the "
+                        "backbone's rate.")
     g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay.")
     g.add_argument("--grad-clip", type=optional_float, default=3.0,
                    help="Gradient-norm clipping threshold (applied to unscaled gradients); 'none' = off.")

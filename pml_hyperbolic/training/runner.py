@@ -424,7 +424,8 @@ class Recipe(RecipeCommandLine):
             # Learnable loss parameters (e.g. HypMix's λ) get their own optimiser, PML-style.
             params = [p for p in loss.parameters() if p.requires_grad] if isinstance(loss, torch.nn.Module) else []
             if params:
-                opts[f"{name}_optimizer"] = torch.optim.AdamW(params, lr=a.head_lr or a.lr, weight_decay=0.0)
+                lr = getattr(a, "loss_lr", None) or a.head_lr or a.lr
+                opts[f"{name}_optimizer"] = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         return opts
 
     def default_run_dir(self) -> str:
