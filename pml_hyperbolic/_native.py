@@ -146,6 +146,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         lca.argtypes = [ptr, long_, ptr, ptr, ptr, long_, long_, long_, scalar, scalar, ptr, ptr, ptr, ptr, ptr,
                         ptr, ptr, ptr]
         lca.restype = None
+        scatter = getattr(lib, f"pml_scatter_scaled_{name}")
+        scatter.argtypes = [ptr, ptr, ptr, ptr, long_, long_]
+        scatter.restype = None
     lib.pml_vector_clones.argtypes = []
     lib.pml_vector_clones.restype = ctypes.c_int
 
@@ -482,3 +485,25 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
             None if u2 is None else u2 + (bounds[q] - start) * row_bytes, *tail, work[q].data_ptr())
             for q in range(parts)])
     return loss, a, b
+
+
+def scatter_scaled_rows(grad: Tensor, src: Tensor, index: Tensor, scale: Tensor) -> bool:
+    """In place, ``grad.index_add_(0, index, src * scale[:, None])`` bit for bit in one native pass
+    (``pml_scatter_scaled_*``: no (rows, p) product written and read back). ``grad`` (n, p),
+    ``src`` (rows, p), ``scale`` (rows,) contiguous CPU tensors of one dtype, ``index`` (rows,)
+    int64 in [0, n). Returns False (nothing written) when the native path does not apply."""
+    if not enabled() or grad.ndim != 2 or src.ndim != 2 or not _usable(grad, src, scale):
+        return False
+    rows, p = src.shape
+    if grad.shape[1] != p or scale.shape != (rows,) or index.shape != (rows,):
+        return False
+    if index.dtype != torch.long or index.device.type != "cpu" or not index.is_contiguous():
+        return False
+    if rows and (int(index.min()) < 0 or int(index.max()) >= grad.shape[0]):
+        raise IndexError(f"index out of range [0, {grad.shape[0]})")
+    lib = _library()
+    if lib is None:
+        return False
+    fn = lib.pml_scatter_scaled_f32 if grad.dtype == torch.float32 else lib.pml_scatter_scaled_f64
+    fn(grad.data_ptr(), src.data_ptr(), index.data_ptr(), scale.data_ptr(), rows, p)
+    return True

@@ -738,3 +738,34 @@ PML_LCA_CHOOSE(pml_lca_choose_f64, double, exp_nonpos_d, log_pos_d, pml_argmin_f
     }
 PML_LCA_ROWS(pml_lca_rows_f32, float, pml_lca_choose_f32)
 PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
+
+/* HIER's backward scatter (hier_loss._LCATripletLoss.backward): for t in [0, rows), in order,
+ *
+ *     grad[idx[t], :] += src[t, :] * scale[t]        (p columns)
+ *
+ * i.e. torch.mul(src, scale[:, None]) then grad.index_add_(0, idx, ·), bit for bit: the product is
+ * rounded, then added (no fused multiply-add: fp-contract off for this function), rows in index
+ * order. One pass over src instead of a (rows, p) product written and read back, three times per
+ * term. idx values must lie in [0, n) (checked by the caller). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define PML_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define PML_NO_CONTRACT
+#endif
+#define PML_SCATTER_SCALED(NAME, T)                                                                  \
+    PML_CLONES PML_NO_CONTRACT                                                                       \
+    void NAME(T *restrict grad, const T *restrict src, const int64_t *restrict idx,                 \
+              const T *restrict scale, long rows, long p)                                            \
+    {                                                                                                \
+        for (long t = 0; t < rows; ++t) {                                                            \
+            T *restrict g = grad + idx[t] * p;                                                       \
+            const T *restrict s = src + t * p;                                                       \
+            const T k = scale[t];                                                                    \
+            for (long q = 0; q < p; ++q) {                                                           \
+                const T product = s[q] * k;                                                          \
+                g[q] = g[q] + product;                                                               \
+            }                                                                                        \
+        }                                                                                            \
+    }
+PML_SCATTER_SCALED(pml_scatter_scaled_f32, float)
+PML_SCATTER_SCALED(pml_scatter_scaled_f64, double)

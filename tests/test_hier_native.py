@@ -97,3 +97,57 @@ def test_not_applicable_returns_none_and_draws_nothing():
     assert _native.lca_rows(dist[:, ::2], i, j, k, 0.2, 0.1, uniform, 64, None, None) is None  # not contiguous
     assert _native.lca_rows(dist, i.int(), j.int(), k.int(), 0.2, 0.1, uniform, 64, None, None) is None
     assert not drawn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scatter_scaled_rows_equals_mul_then_index_add(dtype, threads):
+    """``grad.index_add_(0, idx, src * scale[:, None])`` bit for bit: repeated indices, rows in order."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(3)
+        n, rows, p = 40, 2000, 53  # 53: a remainder after the vector width
+        src = torch.randn(rows, p, generator=g, dtype=dtype)
+        idx = torch.randint(0, n, (rows,), generator=g)
+        scale = torch.randn(rows, generator=g, dtype=dtype)
+        base = torch.randn(n, p, generator=g, dtype=dtype)
+        expected = base.clone().index_add_(0, idx, src * scale[:, None])
+        got = base.clone()
+        assert _native.scatter_scaled_rows(got, src, idx, scale)
+        assert torch.equal(got, expected)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_scatter_scaled_rows_bad_input():
+    grad, src = torch.zeros(4, 3), torch.ones(5, 3)
+    scale = torch.ones(5)
+    with pytest.raises(IndexError, match="out of range"):
+        _native.scatter_scaled_rows(grad, src, torch.tensor([0, 1, 2, 3, 4]), scale)
+    with pytest.raises(IndexError, match="out of range"):
+        _native.scatter_scaled_rows(grad, src, torch.tensor([0, 1, -1, 3, 0]), scale)
+    assert not _native.scatter_scaled_rows(grad.double(), src, torch.zeros(5, dtype=torch.long), scale)  # dtypes
+    assert not _native.scatter_scaled_rows(grad, src.T.contiguous().T, torch.zeros(5, dtype=torch.long), scale)
+    assert not _native.scatter_scaled_rows(grad, src, torch.zeros(5, dtype=torch.int32), scale)
+    assert torch.equal(grad, torch.zeros(4, 3))  # nothing written by the refusals
+
+
+def test_hier_backward_native_scatter_is_bit_identical(monkeypatch):
+    """HIERLoss's gradients with the native scatter equal those of the torch ops it replaces."""
+    torch.manual_seed(0)
+    emb = torch.randn(60, 16) * 0.1
+    labels = torch.arange(60) // 4
+    grads = []
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(_native, "scatter_scaled_rows", lambda *args: False)
+        loss = HIERLoss(embedding_size=16, num_proxies=24)
+        torch.manual_seed(1)
+        loss.proxies.data = torch.randn(24, 16) * 0.1
+        x = emb.clone().requires_grad_()
+        torch.manual_seed(2)
+        (0.7 * loss(x, labels)).backward()
+        grads.append((x.grad.clone(), loss.proxies.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert grads[0][0].abs().sum() > 0  # (a real gradient)

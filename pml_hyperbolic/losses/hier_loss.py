@@ -248,11 +248,17 @@ class _LCATripletLoss(torch.autograd.Function):
             uniform = _uniform_source(dist.device, ctx.seed)[0] if ctx.stochastic else None
             grads = _LCATripletLoss._run(dist.detach(), i, j, k, ctx.tau, ctx.margin, uniform, ctx.block, True)[3]
         p = grads.shape[2]
-        scale = (grad_loss / ctx.tau).view(-1, 1)
+        scale = (grad_loss / ctx.tau).contiguous()
         grad = grads.new_zeros(dist.shape[0], p)
-        scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
-        for r, idx in enumerate((i, j, k)):
-            grad.index_add_(0, idx, torch.mul(grads[r], scale, out=scaled))
+        # grad[idx] += grads[r] · scale, row by row: natively in one pass on CPU (bit-identical to the
+        # torch ops below, which write and read back a (T, P) product three times)
+        if _native.scatter_scaled_rows(grad, grads[0], i, scale):
+            _native.scatter_scaled_rows(grad, grads[1], j, scale)
+            _native.scatter_scaled_rows(grad, grads[2], k, scale)
+        else:
+            scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
+            for r, idx in enumerate((i, j, k)):
+                grad.index_add_(0, idx, torch.mul(grads[r], scale.view(-1, 1), out=scaled))
         if dist.device.type == "cpu":  # consumed: the buffer serves the next call
             ctx.grads = None
             _SPARE_GRADS.give(grads)
