@@ -481,8 +481,8 @@ PML_SYM_GRAD(pml_sym_grad_f64, double, pml_mirror_f64, pml_mirror_block_f64)
  * inv_a_i = 1 / max(1 - c x2_i, floor), for n contiguous rows of dim values. A NaN row gives NaN
  * (not the floor: a NaN point must not pass for one on the boundary).
  *
- * With x2_t non-NULL (the symmetric forward: one call instead of ~ten small torch ops, which cost
- * 0.1 of a GEMM at 900 x 900), also the tail's row vectors in T, x2_t = (T)x2, p2_t = (T)(2c inv_a),
+ * With x2_t non-NULL (the symmetric forward: one call instead of about ten small torch ops), also
+ * the tail's row vectors in T, x2_t = (T)x2, p2_t = (T)(2c inv_a),
  * q_t = (T)inv_a (the roundings of torch's .to(dtype)), and in counts[0] the rows with x2 != 0
  * (NaN included: a NaN row is not "at the origin"), in counts[1] the extreme rows,
  * inv_a > extreme_inv_a or 0 < x2 < tiny_sq (pml_hyperbolic._pairwise_dist._extreme_points). */

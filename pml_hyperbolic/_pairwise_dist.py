@@ -519,8 +519,9 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     terms = None
     if same and x.device.type == "cpu" and x.shape[0] >= 2:
         # x is y on CPU (PML's compute_mat(emb, emb)): the row terms, the tail's row vectors and
-        # the two checks below in one native pass, then the symmetric forward (the separate
-        # torch ops cost ~0.1 of a GEMM at 900 x 900)
+        # the two checks below in one native pass, then the symmetric forward (about ten small
+        # torch ops before; with the two contexts of forward() trimmed, the 900² forward went from
+        # 1.59-1.64x to 1.43-1.55x a GEMM: bench/results/kernel_mirror_stop22.txt)
         terms = _native.row_terms(x, cf, DENOM_FLOOR, extreme=(1.0 / _EXTREME_A[dtype], _TINY_SQ_NORM[dtype]))
         if terms is not None:
             x2, inv_a, row_vectors, any_nonzero, any_extreme = terms
