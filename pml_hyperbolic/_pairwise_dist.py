@@ -597,9 +597,11 @@ def _kernel_threads(x: Tensor):
 
 def _autocast_off(x: Tensor):
     """The kernel runs in its inputs' dtypes: autocast off for the call where it is on."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.autocast(device_type=x.device.type, enabled=False)
-    return contextlib.nullcontext()
+    try:
+        on = torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4 takes no device type here: switch it off regardless
+        on = True
+    return torch.autocast(device_type=x.device.type, enabled=False) if on else contextlib.nullcontext()
 
 
 class PoincarePairwiseDist(torch.autograd.Function):
