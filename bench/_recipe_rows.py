@@ -82,8 +82,12 @@ class _FrozenBatchNorm(torch.nn.Module):
 
 
 def bench_arguments(cfg: qc.BenchConfig, seed: int, output_dir: str):
-    """The recipe flags that fix the bench's budget (printed in the header of every run)."""
-    return ["--dataset", "glyphs", "--backbone", cfg.backbone, "--image-size", str(cfg.image_size),
+    """The recipe flags that fix the bench's budget (printed in the header of every run). ``--threads``
+    is the bench's own count: the recipe's default (``auto``) reads the machine's load before each
+    phase, and 1 or 2 threads round the reductions differently, so a row read 44.3 or 49.0 validation
+    R@1 for the same seed depending on the load when it started (``bench/row_validation.py --variants
+    ms --seeds 0``, stop 22)."""
+    return ["--threads", str(torch.get_num_threads()), "--dataset", "glyphs", "--backbone", cfg.backbone, "--image-size", str(cfg.image_size),
             "--batch-size", str(cfg.batch_size), "--samples-per-class", str(cfg.samples_per_class),
             "--epochs", "1", "--steps-per-epoch", str(cfg.steps), "--lr", f"{cfg.lr_tail:g}",
             "--head-lr", f"{cfg.lr_head:g}", "--weight-decay", f"{cfg.weight_decay:g}",

@@ -3,9 +3,11 @@
 protocol (same bank, budget and recipes), never on its test classes.
 
 Each variant is a ``bench/quality.py`` row plus extra recipe flags. Every variant trains on the
-training characters minus 32 validation characters (``_quality_common.carve_validation``, seed 0:
-display-font queries against serif/sans gallery, like the test protocol) and is scored on those 32:
-validation R@1 and parent R@1 (the top-1 shares the query's radical), per seed and as mean ± std,
+training characters minus 32 validation characters (``--val-classes``; ``_quality_common.carve_validation``,
+carve seed 0, or several carves with ``--carve-seeds``, each run with every seed, and then the paired
+R@1 difference to the first variant with its standard error; display-font queries against serif/sans
+gallery, like the test protocol) and is scored on them:
+validation R@1 and parent R@1 (the top-1 shares the query's radical), per run and as mean ± std,
 and for a hyperbolic head the failure AUROC of the uncertainty −d₀, the median d₀ and the share of
 queries at the clip radius (``bench/radius.py``'s columns).
 ``--report-test`` then runs the variants once more on the real split (the 160 held-out characters)
@@ -13,6 +15,7 @@ so that a choice made on validation can be checked, not made, there.
 
     python bench/row_validation.py --variants "ms;hier_ms;hier_ms:--hier-weight 0.1;hier_ms:--hier-weight 1"
     python bench/row_validation.py --variants "ms;hier_ms:--hier-weight 0.1" --seeds 0,1,2,3,4 --report-test
+    python bench/row_validation.py --variants "ms;hier_ms" --carve-seeds 0,1,2   # three carves, paired difference
 
 A variant is ``row`` or ``row:flags`` (flags as on the recipe's command line); variants are separated
 by ``;``. About 15-20 s per variant and seed on 2 cores (one thread).
@@ -81,32 +84,63 @@ def cells(runs) -> str:
     return " | ".join(cell([r[key] for r in runs], scale, digits) for _, key, scale, digits in COLUMNS)
 
 
+def paired_cell(values, reference) -> str:
+    """Mean ± standard error of the per-run differences ``values − reference`` (the same carves
+    and seeds in the same order), e.g. ``+1.2 ± 0.8``."""
+    values, reference = np.asarray(values, float), np.asarray(reference, float)
+    if values.shape != reference.shape or values.size < 2:
+        raise ValueError(f"paired runs must match and be at least 2, got {values.shape} and {reference.shape}")
+    diff = values - reference
+    return f"{diff.mean():+.1f} ± {diff.std(ddof=1) / np.sqrt(diff.size):.1f}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", required=True, help="row[:recipe flags];... (see above)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--report-test", action="store_true", help="also run every variant on the test split")
+    p.add_argument("--carve-seeds", default="0",
+                   help="validation carves (which characters are held out), e.g. 0,1,2: every variant runs on each "
+                        "carve with every seed, and the table adds its paired R@1 difference to the first variant")
+    p.add_argument("--val-classes", type=int, default=32, help="validation characters per carve")
     a = p.parse_args(argv)
     try:
         variants = parse_variants(a.variants)
         seeds = [int(s) for s in a.seeds.split(",")]
+        carves = [int(s) for s in a.carve_seeds.split(",")]
     except ValueError as err:
         p.error(str(err))
     qc.set_threads(a.threads)
     cfg = qc.BenchConfig(seeds=tuple(seeds))
     t0 = time.perf_counter()
     bank = qc.build_bank(cfg, "glyphs")
-    val_bank, _ = validation_bank(bank)
-    val_parents = (parent_labels(bank, val_bank.query.labels), parent_labels(bank, val_bank.gallery.labels))
+    n_train = len(np.unique(bank.train.labels.numpy()))
+    if not 2 <= a.val_classes <= n_train // 2:
+        p.error(f"--val-classes must be in [2, {n_train // 2}] (half of the {n_train} training characters at most), "
+                f"got {a.val_classes}")
+    splits = []
+    for carve in carves:
+        val_bank, _ = validation_bank(bank, a.val_classes, carve)
+        splits.append((val_bank, (parent_labels(bank, val_bank.query.labels),
+                                  parent_labels(bank, val_bank.gallery.labels))))
     test_parents = quality.glyph_parents(bank) if a.report_test else None
-    print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {val_bank.note}; seeds {seeds}")
-    header = ("| variant | " + " | ".join(f"val {name}" for name, _, _, _ in COLUMNS) + " | per seed (val R@1) |"
+    paired = len(carves) > 1
+    print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# validation: {a.val_classes} of the training characters, "
+          f"carve seeds {carves}; seeds {seeds}")
+    header = ("| variant | " + " | ".join(f"val {name}" for name, _, _, _ in COLUMNS)
+              + (" | val R@1 − first variant (paired, ± s.e.)" if paired else "") + " | per run (val R@1) |"
               + ("".join(f" test {name} |" for name, _, _, _ in COLUMNS) if a.report_test else ""))
     print(header + "\n|" + "---|" * (header.count("|") - 1), flush=True)
+    first = None
     for name, row in variants:
-        val = [score(row, cfg, val_bank, s, val_parents) for s in seeds]
-        line = f"| {name} | {cells(val)} | " + " ".join(f"{100 * v['recall_at_1']:.1f}" for v in val) + " |"
+        val = [score(row, cfg, val_bank, s, parents) for val_bank, parents in splits for s in seeds]
+        r1 = 100 * np.array([v["recall_at_1"] for v in val])
+        first = r1 if first is None else first
+        line = f"| {name} | {cells(val)} | "
+        if paired:
+            line += f"{paired_cell(r1, first)} | "
+        line += " ".join(f"{v:.1f}" for v in r1) + " |"
         if a.report_test:
             test = [score(row, cfg, bank, s, test_parents) for s in seeds]
             line += f" {cells(test)} |"

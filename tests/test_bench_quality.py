@@ -236,3 +236,25 @@ def test_row_validation_variants_and_parent_map():
         train = _Split()
 
     assert rv.parent_labels(_Bank(), torch.tensor([5, 3, 0])).tolist() == [2, 1, 7]
+    # the paired difference of several carves: mean ± standard error of the per-run differences
+    # (diff [1, 2, -2]: mean 0.33, std 2.08, s.e. 1.20)
+    assert rv.paired_cell([50, 52, 48], [49, 50, 50]) == "+0.3 ± 1.2"
+    assert rv.paired_cell([49, 50], [49, 50]) == "+0.0 ± 0.0"
+    with pytest.raises(ValueError, match="paired runs"):
+        rv.paired_cell([1, 2, 3], [1, 2])
+
+
+def test_bench_rows_pass_their_thread_count_to_the_recipe():
+    """The recipe rows run at the bench's thread count, not the recipe's load-dependent ``auto``
+    (1 or 2 threads round differently: one seed read 44.3 or 49.0 validation R@1)."""
+    import _recipe_rows as rr
+
+    previous = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            argv = rr.bench_arguments(qc.BenchConfig(), 0, "/tmp/unused")
+            assert argv[argv.index("--threads") + 1] == str(n)
+    finally:
+        torch.set_num_threads(previous)
+
