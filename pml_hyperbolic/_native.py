@@ -487,23 +487,26 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
     return loss, a, b
 
 
-def scatter_scaled_rows(grad: Tensor, src: Tensor, index: Tensor, scale: Tensor) -> bool:
-    """In place, ``grad.index_add_(0, index, src * scale[:, None])`` bit for bit in one native pass
-    (``pml_scatter_scaled_*``: no (rows, p) product written and read back). ``grad`` (n, p),
-    ``src`` (rows, p), ``scale`` (rows,) contiguous CPU tensors of one dtype, ``index`` (rows,)
-    int64 in [0, n). Returns False (nothing written) when the native path does not apply."""
-    if not enabled() or grad.ndim != 2 or src.ndim != 2 or not _usable(grad, src, scale):
+def scatter_scaled_rows(grad: Tensor, src: Tensor, indices, scale: Tensor) -> bool:
+    """In place, for r in order, ``grad.index_add_(0, indices[r], src[r] * scale[:, None])`` bit for
+    bit, one native pass per r (``pml_scatter_scaled_*``: no (rows, p) product written and read
+    back). ``grad`` (n, p), ``src`` (R, rows, p), ``scale`` (rows,) contiguous CPU tensors of one
+    dtype; ``indices`` R int64 tensors of ``rows`` values in [0, n), all checked before anything is
+    written. Returns False (nothing written) when the native path does not apply."""
+    if not enabled() or grad.ndim != 2 or src.ndim != 3 or not _usable(grad, src, scale):
         return False
-    rows, p = src.shape
-    if grad.shape[1] != p or scale.shape != (rows,) or index.shape != (rows,):
+    parts, rows, p = src.shape
+    if grad.shape[1] != p or scale.shape != (rows,) or len(indices) != parts:
         return False
-    if index.dtype != torch.long or index.device.type != "cpu" or not index.is_contiguous():
+    if any(index.shape != (rows,) or index.dtype != torch.long or index.device.type != "cpu"
+           or not index.is_contiguous() for index in indices):
         return False
-    if rows and (int(index.min()) < 0 or int(index.max()) >= grad.shape[0]):
+    if rows and any(int(index.min()) < 0 or int(index.max()) >= grad.shape[0] for index in indices):
         raise IndexError(f"index out of range [0, {grad.shape[0]})")
     lib = _library()
     if lib is None:
         return False
     fn = lib.pml_scatter_scaled_f32 if grad.dtype == torch.float32 else lib.pml_scatter_scaled_f64
-    fn(grad.data_ptr(), src.data_ptr(), index.data_ptr(), scale.data_ptr(), rows, p)
+    for part, index in zip(src, indices):
+        fn(grad.data_ptr(), part.data_ptr(), index.data_ptr(), scale.data_ptr(), rows, p)
     return True

@@ -108,11 +108,13 @@ def test_scatter_scaled_rows_equals_mul_then_index_add(dtype, threads):
     try:
         g = torch.Generator().manual_seed(3)
         n, rows, p = 40, 2000, 53  # 53: a remainder after the vector width
-        src = torch.randn(rows, p, generator=g, dtype=dtype)
-        idx = torch.randint(0, n, (rows,), generator=g)
+        src = torch.randn(3, rows, p, generator=g, dtype=dtype)
+        idx = [torch.randint(0, n, (rows,), generator=g) for _ in range(3)]
         scale = torch.randn(rows, generator=g, dtype=dtype)
         base = torch.randn(n, p, generator=g, dtype=dtype)
-        expected = base.clone().index_add_(0, idx, src * scale[:, None])
+        expected = base.clone()
+        for part, index in zip(src, idx):
+            expected.index_add_(0, index, part * scale[:, None])
         got = base.clone()
         assert _native.scatter_scaled_rows(got, src, idx, scale)
         assert torch.equal(got, expected)
@@ -121,15 +123,18 @@ def test_scatter_scaled_rows_equals_mul_then_index_add(dtype, threads):
 
 
 def test_scatter_scaled_rows_bad_input():
-    grad, src = torch.zeros(4, 3), torch.ones(5, 3)
+    grad, src = torch.zeros(4, 3), torch.ones(2, 5, 3)
     scale = torch.ones(5)
+    ok = torch.zeros(5, dtype=torch.long)
     with pytest.raises(IndexError, match="out of range"):
-        _native.scatter_scaled_rows(grad, src, torch.tensor([0, 1, 2, 3, 4]), scale)
+        _native.scatter_scaled_rows(grad, src, (ok, torch.tensor([0, 1, 2, 3, 4])), scale)
     with pytest.raises(IndexError, match="out of range"):
-        _native.scatter_scaled_rows(grad, src, torch.tensor([0, 1, -1, 3, 0]), scale)
-    assert not _native.scatter_scaled_rows(grad.double(), src, torch.zeros(5, dtype=torch.long), scale)  # dtypes
-    assert not _native.scatter_scaled_rows(grad, src.T.contiguous().T, torch.zeros(5, dtype=torch.long), scale)
-    assert not _native.scatter_scaled_rows(grad, src, torch.zeros(5, dtype=torch.int32), scale)
+        _native.scatter_scaled_rows(grad, src, (ok, torch.tensor([0, 1, -1, 3, 0])), scale)
+    assert torch.equal(grad, torch.zeros(4, 3))  # a bad second index: the first part was not applied either
+    assert not _native.scatter_scaled_rows(grad.double(), src, (ok, ok), scale)  # dtypes
+    assert not _native.scatter_scaled_rows(grad, src.transpose(1, 2).contiguous().transpose(1, 2), (ok, ok), scale)
+    assert not _native.scatter_scaled_rows(grad, src, (ok, ok.int()), scale)
+    assert not _native.scatter_scaled_rows(grad, src, (ok,), scale)  # one index for two parts
     assert torch.equal(grad, torch.zeros(4, 3))  # nothing written by the refusals
 
 

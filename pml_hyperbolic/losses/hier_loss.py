@@ -252,10 +252,7 @@ class _LCATripletLoss(torch.autograd.Function):
         grad = grads.new_zeros(dist.shape[0], p)
         # grad[idx] += grads[r] · scale, row by row: natively in one pass on CPU (bit-identical to the
         # torch ops below, which write and read back a (T, P) product three times)
-        if _native.scatter_scaled_rows(grad, grads[0], i, scale):
-            _native.scatter_scaled_rows(grad, grads[1], j, scale)
-            _native.scatter_scaled_rows(grad, grads[2], k, scale)
-        else:
+        if not _native.scatter_scaled_rows(grad, grads, (i, j, k), scale):
             scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
             for r, idx in enumerate((i, j, k)):
                 grad.index_add_(0, idx, torch.mul(grads[r], scale.view(-1, 1), out=scaled))
