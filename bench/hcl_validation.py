@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _quality_common as qc  # noqa: E402
 import quality  # noqa: E402
 
-from pml_hyperbolic.training.presets import (HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,  # noqa: E402
+from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # noqa: E402
+                                             HCL_GLYPH_TRUNK_LR, HCL_GLYPH_VIEW_AUGMENTATION,
                                              HCL_PAPER_HYPERBOLIC_WEIGHT as PAPER_WEIGHT)
 
 TRUNK_LRS = (3e-4, 1e-4, 3e-5)
@@ -79,22 +80,25 @@ def validation_bank(bank, num_val_classes=32, seed=0):
     return val_bank, train_classes
 
 
-def build_scene_bank(cfg, train_classes, tag, log=print):
+def build_scene_bank(cfg, train_classes, tag, log=print, view_augmentation="crop"):
     """Prefix activations of ``cfg.hcl_scenes`` scenes composed from ``train_classes`` only (the
     validation characters never appear in a scene): ``quality.build_hcl_bank`` on those glyphs."""
     from pml_hyperbolic.data import GlyphDataset
 
-    log(f"[bank] HCL validation: scenes of {len(train_classes)} training characters only")
+    log(f"[bank] HCL validation: scenes of {len(train_classes)} training characters only, "
+        f"{view_augmentation} views")
     glyphs = GlyphClasses(GlyphDataset("train"), train_classes)
-    return quality.build_hcl_bank(cfg, cfg.hcl_scenes, log=log, glyphs=glyphs, tag=tag)
+    return quality.build_hcl_bank(cfg, cfg.hcl_scenes, log=log, glyphs=glyphs, tag=tag,
+                                  view_augmentation=view_augmentation)
 
 
-def hcl_row(lr, weight):
-    """``bench/quality.py``'s hcl row with the candidate's trunk lr and hyperbolic weight (flags
-    appended last, so they override the bench budget's ``--lr`` and the row's own weight)."""
+def hcl_row(lr, weight, views=HCL_GLYPH_VIEW_AUGMENTATION):
+    """``bench/quality.py``'s hcl row with the candidate's trunk lr, hyperbolic weight and view
+    augmentation (flags appended last, so they override the bench budget's ``--lr`` and the row's own)."""
     base = quality.ROWS["hcl"]
-    return quality.Row(base.key, f"HCL, trunk lr {lr:g}, hyperbolic weight {weight:g}", base.recipe,
-                       base.argv + ["--lr", f"{lr:g}", "--hyperbolic-weight", f"{weight:g}"], kind="hcl")
+    return quality.Row(base.key, f"HCL, trunk lr {lr:g}, hyperbolic weight {weight:g}, {views} views", base.recipe,
+                       base.argv + ["--lr", f"{lr:g}", "--hyperbolic-weight", f"{weight:g}",
+                                    "--view-augmentation", views], kind="hcl")
 
 
 def cpu_seconds():
@@ -102,71 +106,100 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def score(cfg, val_bank, scenes, lr, weight, seed):
+def score(cfg, val_bank, scenes, lr, weight, views, seed):
     """Validation R@1 of one HCL run (and its CPU seconds)."""
     t0 = cpu_seconds()
-    metrics, _ = quality.run_row(hcl_row(lr, weight), cfg, val_bank, seed, hcl_bank=scenes)
+    metrics, _ = quality.run_row(hcl_row(lr, weight, views), cfg, val_bank, seed, hcl_bank=scenes)
     return metrics["recall_at_1"], cpu_seconds() - t0
 
 
 def sweep(cfg, bank, lrs=TRUNK_LRS, weights=HYPERBOLIC_WEIGHTS, seeds=(0,), confirm_seeds=(0, 1, 2), top=2,
-          num_val_classes=32, log=print):
-    """Stage 1 (grid, ``seeds``) then stage 2 (the ``top`` best, ``confirm_seeds``); returns a dict with
-    the reference, every run's validation R@1 and the chosen (lr, weight)."""
-    val_bank, train_classes = validation_bank(bank, num_val_classes)
-    scenes = build_scene_bank(cfg, train_classes, f"val{num_val_classes}seed0", log=log)
-    if cfg.trainable == "head":
-        _, tail, _ = qc.split_backbone(cfg.backbone)
-        scenes = {k: qc._through(tail, v) for k, v in scenes.items()}
-    reference = qc.evaluate(bank.tail, None, val_bank.query, val_bank.gallery, c=None,
-                            keys=("recall_at_1",))["recall_at_1"]
-    log(f"  untrained features (reference): val R@1 {100 * reference:.1f}")
-    runs = {}  # (lr, weight) -> {seed: val R@1}
+          num_val_classes=32, log=print, views=(HCL_GLYPH_VIEW_AUGMENTATION,), carves=(0,)):
+    """Stage 1 (grid, ``seeds``) then stage 2 (the ``top`` best, ``confirm_seeds``), each seed on every
+    carve of ``carves``; returns a dict with the per-carve references, every run's validation R@1
+    (keyed by (carve, seed)) and the chosen (lr, weight, views). A setting's score is its mean over its
+    runs of (R@1 − the untrained features' R@1 on the same carve)."""
+    splits = {}  # carve -> (validation bank, {views: scene bank}, reference R@1)
+    for carve in carves:
+        val_bank, train_classes = validation_bank(bank, num_val_classes, seed=carve)
+        scene_banks = {}
+        for kind in views:
+            scenes = build_scene_bank(cfg, train_classes, f"val{num_val_classes}seed{carve}", log=log,
+                                      view_augmentation=kind)
+            if cfg.trainable == "head":
+                _, tail, _ = qc.split_backbone(cfg.backbone)
+                scenes = {k: qc._through(tail, v) for k, v in scenes.items()}
+            scene_banks[kind] = scenes
+        reference = qc.evaluate(bank.tail, None, val_bank.query, val_bank.gallery, c=None,
+                                keys=("recall_at_1",))["recall_at_1"]
+        log(f"  carve {carve}: untrained features (reference) val R@1 {100 * reference:.1f}")
+        splits[carve] = (val_bank, scene_banks, reference)
+    runs = {}  # (lr, weight, views) -> {(carve, seed): val R@1}
     cpu = {}
 
-    def run(lr, weight, seed):
-        if seed in runs.setdefault((lr, weight), {}):
-            return
-        r1, seconds = score(cfg, val_bank, scenes, lr, weight, seed)
-        runs[(lr, weight)][seed] = r1
-        cpu.setdefault((lr, weight), []).append(seconds)
-        log(f"  lr {lr:g} weight {weight:g} seed {seed}: val R@1 {100 * r1:.1f} ({seconds:.0f} CPU-s, "
-            f"load avg {os.getloadavg()[0]:.1f})")
+    def run(lr, weight, kind, seed):
+        for carve in carves:
+            if (carve, seed) in runs.setdefault((lr, weight, kind), {}):
+                continue
+            val_bank, scene_banks, _ = splits[carve]
+            r1, seconds = score(cfg, val_bank, scene_banks[kind], lr, weight, kind, seed)
+            runs[(lr, weight, kind)][(carve, seed)] = r1
+            cpu.setdefault((lr, weight, kind), []).append(seconds)
+            log(f"  lr {lr:g} weight {weight:g} {kind} views carve {carve} seed {seed}: val R@1 {100 * r1:.1f} "
+                f"({seconds:.0f} CPU-s, load avg {os.getloadavg()[0]:.1f})")
+
+    def gain(key, only_seeds=None):
+        return np.mean([r1 - splits[carve][2] for (carve, seed), r1 in runs[key].items()
+                        if only_seeds is None or seed in only_seeds])
 
     for lr in lrs:
         for weight in weights:
-            for seed in seeds:
-                run(lr, weight, seed)
-    ranked = sorted(runs, key=lambda k: -np.mean([runs[k][s] for s in seeds]))
+            for kind in views:
+                for seed in seeds:
+                    run(lr, weight, kind, seed)
+    ranked = sorted(runs, key=lambda k: -gain(k, seeds))
     finalists = ranked[:max(1, top)]
     for key in finalists:
         for seed in confirm_seeds:
             run(*key, seed)
-    chosen = max(finalists, key=lambda k: np.mean(list(runs[k].values())))
-    return {"reference": reference, "runs": runs, "cpu": cpu, "finalists": finalists, "chosen": chosen,
-            "beats_reference": bool(np.mean(list(runs[chosen].values())) >= reference)}
+    chosen = max(finalists, key=gain)
+    references = {carve: split[2] for carve, split in splits.items()}
+    return {"reference": float(np.mean(list(references.values()))), "references": references, "runs": runs,
+            "cpu": cpu, "finalists": finalists, "chosen": chosen, "gain": {k: float(gain(k)) for k in runs},
+            "beats_reference": bool(gain(chosen) >= 0)}
 
 
 def table(result):
+    references = result["references"]
+
     def cell(values):
         m, s = qc.mean_std([100 * v for v in values])
         per = f" ({', '.join(f'{100 * v:.1f}' for v in values)})" if len(values) > 1 else ""
         return (f"{m:.1f} ± {s:.1f}" if len(values) > 1 else f"{m:.1f}") + per
 
-    lines = ["| trunk lr | hyperbolic weight | val R@1 (seeds) | CPU-s/run | |", "|---:|---:|---|---:|---|"]
-    lines.append(f"| untrained features | — | {100 * result['reference']:.1f} | — | reference |")
-    order = sorted(result["runs"], key=lambda k: -np.mean(list(result["runs"][k].values())))
+    def gain_cell(key):
+        diff = np.asarray([100 * (r1 - references[carve]) for (carve, _), r1 in sorted(result["runs"][key].items())])
+        if diff.size < 2:
+            return f"{diff.mean():+.1f}"
+        return f"{diff.mean():+.1f} ± {diff.std(ddof=1) / np.sqrt(diff.size):.1f}"
+
+    lines = ["| trunk lr | hyperbolic weight | views | val R@1 (runs) [carve:seed] | − features (paired, ± s.e.) "
+             "| CPU-s/run | |", "|---:|---:|---|---|---|---:|---|"]
+    per_carve = ", ".join(f"carve {c}: {100 * r:.1f}" for c, r in sorted(references.items()))
+    lines.append(f"| untrained features | — | — | {100 * result['reference']:.1f} ({per_carve}) | 0 | — | reference |")
+    order = sorted(result["runs"], key=lambda k: -result["gain"][k])
     for key in order:
-        seeds = sorted(result["runs"][key])
+        done = sorted(result["runs"][key])
         note = []
         if key == result["chosen"]:
             note.append("**chosen**")
-        if key[1] == PAPER_WEIGHT and key[0] == qc.BenchConfig.lr_tail:
-            note.append("paper weight, bench lr (old default)")
-        if key == (HCL_GLYPH_TRUNK_LR, HCL_GLYPH_HYPERBOLIC_WEIGHT):
+        if key[1] == PAPER_WEIGHT and key[0] == qc.BenchConfig.lr_tail and key[2] == "crop":
+            note.append("paper weight, bench lr, crop views (old default)")
+        if key == (HCL_GLYPH_TRUNK_LR, HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_VIEW_AUGMENTATION):
             note.append("recipes/hcl.py glyph default")
-        lines.append(f"| {key[0]:g} | {key[1]:g} | {cell([result['runs'][key][s] for s in seeds])} "
-                     f"[{','.join(map(str, seeds))}] | {np.mean(result['cpu'][key]):.0f} | {'; '.join(note)} |")
+        lines.append(f"| {key[0]:g} | {key[1]:g} | {key[2]} | {cell([result['runs'][key][r] for r in done])} "
+                     f"[{','.join(f'{c}:{s}' for c, s in done)}] | {gain_cell(key)} | "
+                     f"{np.mean(result['cpu'][key]):.0f} | {'; '.join(note)} |")
     return "\n".join(lines)
 
 
@@ -175,6 +208,11 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lrs", default=",".join(f"{x:g}" for x in TRUNK_LRS), help="trunk (tail) learning rates")
     p.add_argument("--weights", default=",".join(f"{x:g}" for x in HYPERBOLIC_WEIGHTS), help="hyperbolic weights")
+    p.add_argument("--views", default=HCL_GLYPH_VIEW_AUGMENTATION,
+                   help=f"object-view augmentations to compare, comma-separated (of {', '.join(GLYPH_VIEW_AUGMENTATIONS)})")
+    p.add_argument("--carve-seeds", default="0",
+                   help="validation carves (which training characters are held out), e.g. 0,1,2,3: every run "
+                        "repeats on each carve, scored against the untrained features on the same carve")
     p.add_argument("--seeds", default="0", help="stage 1 seeds (every grid cell)")
     p.add_argument("--confirm-seeds", default="0,1,2", help="stage 2 seeds (the --top best of stage 1)")
     p.add_argument("--top", type=int, default=2, help="how many stage-1 settings stage 2 re-runs")
@@ -196,8 +234,12 @@ def floats(text, flag):
 def main(argv=None):
     a = parse_args(argv)
     lrs, weights = floats(a.lrs, "--lrs"), floats(a.weights, "--weights")
+    views = tuple(v.strip() for v in a.views.split(",") if v.strip())
+    if not views or any(v not in GLYPH_VIEW_AUGMENTATIONS for v in views):
+        raise SystemExit(f"--views takes a comma-separated list of {', '.join(GLYPH_VIEW_AUGMENTATIONS)}, got {a.views!r}")
     seeds = tuple(int(s) for s in a.seeds.split(","))
     confirm = tuple(int(s) for s in a.confirm_seeds.split(","))
+    carves = tuple(int(s) for s in a.carve_seeds.split(","))
     cfg = qc.BenchConfig(threads=a.threads)
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
@@ -206,13 +248,14 @@ def main(argv=None):
           f"--queue-size {cfg.hcl_queue}, {cfg.hcl_scenes} scenes")
     print(f"machine: {qc.machine_line()}")
     bank = qc.build_bank(cfg, "glyphs", use_cache=not a.no_cache)
-    result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top)
-    print("\nValidation R@1 (%), 128 train / 32 validation characters (carve seed 0), mean ± std over "
-          "seeds (per seed in parentheses):\n")
+    result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top, views=views, carves=carves)
+    print(f"\nValidation R@1 (%), 128 train / 32 validation characters (carve seeds {', '.join(map(str, carves))}), "
+          "mean ± std over runs (per run in parentheses), and the paired difference to the untrained features "
+          "on the same carve:\n")
     print(table(result))
-    lr, weight = result["chosen"]
+    lr, weight, kind = result["chosen"]
     verdict = ("reaches" if result["beats_reference"] else "does NOT reach")
-    print(f"\nchosen: trunk lr {lr:g}, hyperbolic weight {weight:g}: {verdict} the untrained features on validation.")
+    print(f"\nchosen: trunk lr {lr:g}, hyperbolic weight {weight:g}, {kind} views: {verdict} the untrained features on validation.")
     print(f"Total wall time {time.perf_counter() - t0:.0f} s, CPU {cpu_seconds():.0f} s; {qc.machine_line()}.")
     return result
 

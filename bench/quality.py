@@ -83,7 +83,11 @@ class Row:
 
 
 def build_rows():
-    from pml_hyperbolic.training.presets import HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR
+    from pml_hyperbolic.training.presets import (HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,
+                                                 HCL_GLYPH_VIEW_AUGMENTATION)
+    hcl_argv = ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
+                "--hyperbolic-weight", f"{HCL_GLYPH_HYPERBOLIC_WEIGHT:g}", "--momentum", "0.99",
+                "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"]
     uml = ("hyp_uml_cars", "HypUML")
     NO_COPIES = ["--degraded-copies", "0"]
     rows = [
@@ -118,19 +122,28 @@ def build_rows():
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
         Row("unsup_kmeans", "Unsupervised baseline: k-means pseudo-labels + PML TripletMarginLoss", "baseline",
             ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),
-        # --lr / --hyperbolic-weight: the recipe's glyph values (chosen on validation by bench/hcl_validation.py);
-        # the bench budget's own --lr would otherwise replace the rate
-        Row("hcl", "HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05, trunk lr 1e-4)", ("hcl", "HCL"),
-            ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
-             "--hyperbolic-weight", f"{HCL_GLYPH_HYPERBOLIC_WEIGHT:g}", "--momentum", "0.99",
-             "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"], kind="hcl"),
+        # --lr / --hyperbolic-weight / --view-augmentation: the recipe's glyph values (chosen on validation by
+        # bench/hcl_validation.py); the bench budget's own --lr would otherwise replace the rate
+        Row("hcl", f"HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05, trunk lr 1e-4, "
+            f"{HCL_GLYPH_VIEW_AUGMENTATION} views)", ("hcl", "HCL"),
+            hcl_argv + ["--view-augmentation", HCL_GLYPH_VIEW_AUGMENTATION], kind="hcl"),
     ]
+    for views in ("crop", "font"):
+        if views != HCL_GLYPH_VIEW_AUGMENTATION:
+            rows.append(Row(f"hcl_{views}", f"HCL, {views} views (otherwise the hcl row)", ("hcl", "HCL"),
+                            hcl_argv + ["--view-augmentation", views], kind="hcl"))
     return {r.key: r for r in rows}
 
 
 UNSUP_KMEANS_K = 100
 ROWS = build_rows()
-QUICK_ROWS = [k for k in ROWS if k != "hcl"]
+QUICK_ROWS = [k for k, r in ROWS.items() if r.kind != "hcl"]
+
+
+def row_option(row, flag, default=None):
+    """The value a row's argv gives ``flag`` (the last one, as argparse reads it), else ``default``."""
+    values = [row.argv[i + 1] for i, a in enumerate(row.argv[:-1]) if a == flag]
+    return values[-1] if values else default
 
 
 def recipe_class(row):
@@ -142,20 +155,26 @@ def recipe_class(row):
 # ------------------------------------------------------------------------------------------ HCL
 
 
-def build_hcl_bank(cfg, n_scenes, log=print, glyphs=None, tag=""):
+def build_hcl_bank(cfg, n_scenes, log=print, glyphs=None, tag="", view_augmentation="crop"):
     """Prefix activations of (scene, object view 1, object view 2) for ``n_scenes`` composed scenes,
     cached. ``glyphs``: the images the scenes are composed from (default: every training glyph);
-    ``tag`` names another choice in the cache key (``bench/hcl_validation.py``'s training characters)."""
+    ``tag`` names another choice in the cache key (``bench/hcl_validation.py``'s training characters);
+    ``view_augmentation``: how the object views are augmented (``ComposedGlyphScenes``'s
+    ``glyph_augmentation``; each view is drawn once and kept, like the bank's other views)."""
     from pml_hyperbolic.data import GlyphDataset
     from pml_hyperbolic.training.scene_objects import ComposedGlyphScenes
 
-    path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}" + (f"|{tag}" if tag else ""))
+    # "crop" banks keep the key they had before the augmentation was a choice
+    views = "" if view_augmentation == "crop" else f"|views={view_augmentation}"
+    path = qc._cache_path(cfg, "hcl", f"scenes{n_scenes}" + (f"|{tag}" if tag else "") + views)
     if os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     prefix, _, _ = qc.split_backbone(cfg.backbone)
     glyphs = GlyphDataset("train") if glyphs is None else glyphs
-    scenes = ComposedGlyphScenes(glyphs, num_scenes=n_scenes, image_size=cfg.image_size, seed=0)
-    log(f"[bank] HCL: {n_scenes} composed scenes x (scene + 2 object views) through the frozen prefix ...")
+    scenes = ComposedGlyphScenes(glyphs, num_scenes=n_scenes, image_size=cfg.image_size, seed=0,
+                                 glyph_augmentation=view_augmentation)
+    log(f"[bank] HCL: {n_scenes} composed scenes x (scene + 2 {view_augmentation} object views) through the "
+        "frozen prefix ...")
     torch.manual_seed(2024)
     out = {"scene": [], "view_q": [], "view_k": []}
     with torch.no_grad():
@@ -169,9 +188,9 @@ def build_hcl_bank(cfg, n_scenes, log=print, glyphs=None, tag=""):
     return out
 
 
-def hcl_bank_for(cfg, bank, log=print):
+def hcl_bank_for(cfg, bank, log=print, view_augmentation="crop"):
     """The HCL scene bank at the depth the run trains from (pooled when only the head trains)."""
-    out = build_hcl_bank(cfg, cfg.hcl_scenes, log=log)
+    out = build_hcl_bank(cfg, cfg.hcl_scenes, log=log, view_augmentation=view_augmentation)
     if cfg.trainable == "head":
         _, tail, _ = qc.split_backbone(cfg.backbone)
         out = {k: qc._through(tail, v) for k, v in out.items()}
@@ -278,7 +297,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
             bank = qc.pooled_bank(bank, cfg, use_cache=use_cache)
         log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
             f"(build took {bank.build_seconds:.0f} s; this run {time.perf_counter() - t0:.0f} s). {bank.note}")
-        hcl_bank = None
+        hcl_banks = {}  # view augmentation -> scene bank
         parents = glyph_parents(bank) if name == "glyphs" else None
         ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
         for key in rows:
@@ -287,7 +306,10 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
                 if name != "glyphs":
                     ds["rows"][key] = {"label": row.label, "skipped": "HCL scenes are composed from glyphs only"}
                     continue
-                hcl_bank = hcl_bank or hcl_bank_for(cfg, bank, log=log)
+                views = row_option(row, "--view-augmentation", "crop")
+                if views not in hcl_banks:
+                    hcl_banks[views] = hcl_bank_for(cfg, bank, log=log, view_augmentation=views)
+            hcl_bank = hcl_banks.get(row_option(row, "--view-augmentation", "crop")) if row.kind == "hcl" else None
             per_seed, extras, t_row = [], [], time.perf_counter()
             seeds = [cfg.seeds[0]] if row.kind == "raw" else list(cfg.seeds)
             for seed in seeds:

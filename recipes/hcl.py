@@ -31,8 +31,9 @@ import os
 
 
 from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeCommandLine  # torch-free
-from pml_hyperbolic.training.presets import (HCL_GLYPH_CHOICE_COMMAND, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # torch-free
-                                             HCL_GLYPH_TRUNK_LR, HCL_PAPER_HYPERBOLIC_WEIGHT)
+from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_CHOICE_COMMAND,  # torch-free
+                                             HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,
+                                             HCL_GLYPH_VIEW_AUGMENTATION, HCL_PAPER_HYPERBOLIC_WEIGHT)
 BUNDLED_GLYPH_SIDE = 40  # pixels of a bundled glyph image (pml_hyperbolic/data/cjk_glyphs.npz); scenes tile them
 
 
@@ -46,6 +47,7 @@ class HCL(RecipeCommandLine):
     # lr (the trunk's) and hyperbolic_weight: chosen on validation characters, see the docstring
     glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1,
                     "lr": HCL_GLYPH_TRUNK_LR, "hyperbolic_weight": HCL_GLYPH_HYPERBOLIC_WEIGHT,
+                    "view_augmentation": HCL_GLYPH_VIEW_AUGMENTATION,
                     "head_lr": 3e-3, "grad_clip": None, "k_values": [1, 2, 4, 8]}
     paper_presets = {}
 
@@ -64,6 +66,11 @@ class HCL(RecipeCommandLine):
                             f"`{HCL_GLYPH_CHOICE_COMMAND}`).")
         g.add_argument("--momentum", type=float, default=0.999, help="Momentum of the key encoder.")
         g.add_argument("--queue-size", type=int, default=65536, help="Length of both key queues.")
+        g.add_argument("--view-augmentation", choices=GLYPH_VIEW_AUGMENTATIONS, default=None,
+                       help="Bundled glyph scenes: how the two object views are augmented: 'font' (typeface-like "
+                            "changes: affine, stroke weight, blur) or 'crop' (random resized crop alone, the "
+                            f"default before 2026-11-26). Default: {HCL_GLYPH_VIEW_AUGMENTATION}. COCO-style data "
+                            "(--annotations) always uses MoCo v2's photo augmentation.")
         g.add_argument("--canvas-size", type=int, default=112, help="Bundled scenes: canvas side in pixels.")
         g.add_argument("--max-objects", type=int, default=4, help="Objects per scene: 2..max-objects.")
 
@@ -88,6 +95,10 @@ class HCL(RecipeCommandLine):
             raise ConfigError(f"--canvas-size {args.canvas_size} holds {side * side} glyph(s) of {BUNDLED_GLYPH_SIDE} px "
                               f"side by side, fewer than --max-objects {args.max_objects}: use --canvas-size {needed} "
                               "or more (or fewer --max-objects).")
+        if args.annotations and args.view_augmentation is not None:
+            raise ConfigError(f"--view-augmentation {args.view_augmentation} applies to the bundled glyph scenes; "
+                              "with --annotations the object views use MoCo v2's photo augmentation. Drop one of "
+                              "the two.")
         if args.annotations:
             if not args.images_dir:
                 raise ConfigError("--annotations needs --images-dir (the folder its file_name entries are in)")
@@ -124,7 +135,8 @@ class HCL(RecipeCommandLine):
                      "dataset. Use --annotations FILE --images-dir DIR for COCO-style data.")
             self.train_set = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=a.max_train_samples,
                                                  canvas_size=a.canvas_size,
-                                                 max_objects=a.max_objects, image_size=a.image_size, seed=a.seed)
+                                                 max_objects=a.max_objects, image_size=a.image_size, seed=a.seed,
+                                                 glyph_augmentation=a.view_augmentation or HCL_GLYPH_VIEW_AUGMENTATION)
             self.dataset_name = "glyphs"
         eval_tf = build_transforms("glyph", train=False, image_size=a.image_size, resize_size=a.resize_size)
         self.train_eval_set = GlyphDataset("train", transform=eval_tf)
@@ -149,7 +161,7 @@ class HCL(RecipeCommandLine):
                                    torch.nn.Linear(in_features, d))
 
     def build_loss(self):
-        from pytorch_metric_learning.losses import NTXentLoss
+        from pytorch_metric_learning.distances import CosineSimilarity
 
         from pml_hyperbolic.distances import PoincareDistance
         from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
@@ -157,7 +169,12 @@ class HCL(RecipeCommandLine):
 
         a = self.args
         d = a.embedding_dim
-        moco = KeyQueue(NTXentLoss(temperature=a.temperature), d, memory_size=a.queue_size)
+        # MoCo's InfoNCE. Every query has exactly one positive in the queue (its own key), so the pairwise
+        # cross-entropy on the cosine equals PML's NTXentLoss term for term (tests/test_hcl_key_queue.py),
+        # with one (B, queue) logit matrix where NTXentLoss builds (B, B x queue): at the paper's batch 256
+        # and queue 65,536 that is 4.3e9 elements (17 GB of float32) per step.
+        moco = KeyQueue(PairwiseCrossEntropyLoss(temperature=a.temperature, distance=CosineSimilarity()), d,
+                        memory_size=a.queue_size)
         hyp = KeyQueue(PairwiseCrossEntropyLoss(temperature=a.temperature,
                                                 distance=PoincareDistance(c=a.ball_curvature)),
                        d, memory_size=a.queue_size)

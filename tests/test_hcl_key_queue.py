@@ -36,3 +36,43 @@ def test_queued_keys_are_the_negatives_of_later_queries():
     keys = torch.cat([first[2:], second[2:]])
     want = loss(second[:2], torch.tensor([2, 3]), ref_emb=keys, ref_labels=torch.tensor([0, 1, 2, 3]))
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_moco_branch_equals_pml_ntxent_on_the_queue(dtype):
+    # HCL's MoCo branch (recipes/hcl.py): pairwise CE on the cosine instead of PML's NTXentLoss. With one
+    # positive per query (its own key) both are -log(e^{s_qk/T} / (e^{s_qk/T} + sum_queue e^{s_qn/T})):
+    # same loss, same gradients, while the queue fills and after it wraps around.
+    from pytorch_metric_learning.distances import CosineSimilarity
+
+    g = torch.Generator().manual_seed(1)
+    b, d, memory = 8, 5, 40
+    pml = KeyQueue(NTXentLoss(temperature=0.2), d, memory_size=memory)
+    ours = KeyQueue(PairwiseCrossEntropyLoss(temperature=0.2, distance=CosineSimilarity()), d, memory_size=memory)
+    mask = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(b, dtype=torch.bool)])
+    for step in range(7):  # 7 x 8 keys > 40: the queue wraps
+        q = torch.randn(b, d, generator=g, dtype=dtype, requires_grad=True)
+        k = torch.randn(b, d, generator=g, dtype=dtype)
+        ids = torch.arange(b) + step * b
+        labels = torch.cat([ids, ids])
+        loss_pml = pml(torch.nn.functional.normalize(torch.cat([q, k]), dim=1), labels, enqueue_mask=mask)
+        grad_pml, = torch.autograd.grad(loss_pml, q)
+        loss_ours = ours(torch.nn.functional.normalize(torch.cat([q, k]), dim=1), labels, enqueue_mask=mask)
+        grad_ours, = torch.autograd.grad(loss_ours, q)
+        tol = 1e-12 if dtype == torch.float64 else 1e-6
+        torch.testing.assert_close(loss_ours, loss_pml, rtol=tol, atol=tol)
+        torch.testing.assert_close(grad_ours, grad_pml, rtol=tol, atol=tol)
+        assert torch.equal(ours.embedding_memory, pml.embedding_memory)
+    assert ours.has_been_filled and pml.has_been_filled
+
+
+def test_recipe_moco_branch_is_the_pairwise_ce_on_the_cosine(tmp_path):
+    from pytorch_metric_learning.distances import CosineSimilarity
+    from test_recipe_end_to_end import load_recipe
+
+    HCL = load_recipe("hcl").HCL
+    recipe = HCL(HCL.parse(["--output-dir", str(tmp_path)]))
+    losses = recipe.build_loss()
+    moco = losses["metric_loss"].loss
+    assert isinstance(moco, PairwiseCrossEntropyLoss) and isinstance(moco.distance, CosineSimilarity)
+    assert isinstance(losses["hyperbolic_loss"].loss.distance, PoincareDistance)

@@ -4,6 +4,8 @@ import numpy as np
 import torch
 from torchvision import transforms as T
 
+from ..training.presets import GLYPH_VIEW_AUGMENTATIONS  # torch-free: the recipes' command line lists them too
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -85,6 +87,13 @@ class ToNormalizedTensor:
         return f"{self.__class__.__name__}(mean={self.mean}, std={self.std})"
 
 
+def glyph_affine(max_rotation=8.0):
+    """The glyph pipelines' mild random affine on white paper: rotation ≤ ``max_rotation`` degrees,
+    shift ≤ 8 % of the side, scale 0.85–1.1, shear ≤ 6°, bilinear, fill 255."""
+    return T.RandomAffine(degrees=max_rotation, translate=(0.08, 0.08), scale=(0.85, 1.1), shear=6,
+                          interpolation=T.InterpolationMode.BILINEAR, fill=255)
+
+
 def build_transforms(kind="imagenet", train=True, image_size=None, resize_size=None,
                      mean=IMAGENET_MEAN, std=IMAGENET_STD, glyph_max_rotation=8.0):
     """Build the torchvision pipeline producing normalized float tensors ``(3, S, S)``.
@@ -131,11 +140,84 @@ def build_transforms(kind="imagenet", train=True, image_size=None, resize_size=N
     # exactly each channel of its RGB conversion (tests/test_data_transforms.py checks it, bit for bit)
     steps = [ConvertToRGB(keep_greyscale=True)]
     if train:
-        steps.append(T.RandomAffine(
-            degrees=glyph_max_rotation, translate=(0.08, 0.08), scale=(0.85, 1.1), shear=6,
-            interpolation=T.InterpolationMode.BILINEAR, fill=255,
-        ))
+        steps.append(glyph_affine(glyph_max_rotation))
     steps.append(T.Resize((image_size, image_size), interpolation=bicubic))
     pipeline = T.Compose(steps + [ToNormalizedTensor(mean, std)])
+    pipeline.accepts_greyscale = True
+    return pipeline
+
+
+class RandomStrokeWeight:
+    """Make the dark strokes of a glyph on light paper bolder or lighter, as another weight of a typeface:
+
+        out = (1 − α)·image + α·filter(image),   filter = min over 3×3 (bolder) or max over 3×3 (lighter)
+
+    With probability ``p`` one direction is drawn (bolder or lighter, even odds) and α uniformly from
+    ``[0, bolder]`` or ``[0, lighter]``; otherwise the image passes unchanged. A 3×3 minimum widens every
+    stroke by one pixel on each side; blending by α < 1 makes that a partial, sub-pixel change. The
+    lighter direction has the smaller default range because a full 3×3 maximum erases strokes two pixels
+    wide (hairline typefaces at 64 px). Apply it after the resize to the network's input size, where one
+    pixel is a fixed fraction of the glyph. Random draws come from torch's global RNG, like torchvision's
+    transforms (seed it with ``torch.manual_seed``).
+
+    Args:
+        bolder / lighter: largest α of each direction, in [0, 1].
+        p: probability of changing the weight at all, in [0, 1].
+    """
+
+    def __init__(self, bolder=1.0, lighter=0.5, p=0.8):
+        for name, value in (("bolder", bolder), ("lighter", lighter), ("p", p)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        self.bolder, self.lighter, self.p = float(bolder), float(lighter), float(p)
+
+    def __call__(self, image):
+        from PIL import Image, ImageFilter
+
+        if not isinstance(image, Image.Image) or image.mode not in ("L", "RGB"):
+            raise ValueError(f"RandomStrokeWeight takes a greyscale ('L') or RGB PIL image, got {type(image).__name__}"
+                             f" with mode {getattr(image, 'mode', None)!r}")
+        draw = torch.rand(3).tolist()  # apply?, direction, strength: always three draws, so streams stay aligned
+        if draw[0] >= self.p:
+            return image
+        bolder = draw[1] < 0.5
+        alpha = draw[2] * (self.bolder if bolder else self.lighter)
+        filtered = image.filter(ImageFilter.MinFilter(3) if bolder else ImageFilter.MaxFilter(3))
+        return Image.blend(image, filtered, alpha)
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}(bolder={self.bolder}, lighter={self.lighter}, p={self.p})"
+
+
+def glyph_view_transform(image_size=64, augmentation="font", mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """The augmentation of one view of a glyph for self-supervised contrastive learning (MoCo, HCL).
+
+    Two views of the same glyph must differ the way one character differs between typefaces, which is
+    what glyph retrieval has to ignore, while keeping every stroke that tells two characters apart.
+
+    * ``"font"`` (default): the supervised glyph pipeline's mild affine (rotation ≤ 8°, shift ≤ 8 %,
+      scale 0.85–1.1, shear ≤ 6°, white fill), bicubic resize to ``image_size``, a stroke-weight change
+      (:class:`RandomStrokeWeight`, p = 0.8) and, with p = 0.5, a Gaussian blur (σ ∈ [0.1, 1] px, MoCo v2's
+      blur scaled to the glyph size). No flip (a mirrored glyph is another symbol), no colour jitter
+      (glyphs are black on white).
+    * ``"crop"``: MoCo's random resized crop (scale 0.5–1) alone, the HCL recipe's glyph views before
+      2026-11-26; a crop can cut off the strokes that distinguish two characters.
+    """
+    if augmentation not in GLYPH_VIEW_AUGMENTATIONS:
+        raise ValueError(f"augmentation must be one of {GLYPH_VIEW_AUGMENTATIONS}, got {augmentation!r}")
+    image_size = int(image_size)
+    if image_size < 8:
+        raise ValueError(f"image_size must be at least 8 pixels, got {image_size}")
+    if augmentation == "crop":
+        return T.Compose([T.RandomResizedCrop(image_size, scale=(0.5, 1.0), antialias=True), T.ToTensor(),
+                          T.Normalize(mean, std)])
+    pipeline = T.Compose([
+        ConvertToRGB(keep_greyscale=True),
+        glyph_affine(),
+        T.Resize((image_size, image_size), interpolation=T.InterpolationMode.BICUBIC),
+        RandomStrokeWeight(),
+        T.RandomApply([T.GaussianBlur(5, sigma=(0.1, 1.0))], p=0.5),
+        ToNormalizedTensor(mean, std),
+    ])
     pipeline.accepts_greyscale = True
     return pipeline

@@ -9,7 +9,8 @@ from __future__ import annotations
 __all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS", "PAPER_PSEUDO_LEVELS", "DEFAULT_PSEUDO_LEVELS",
            "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES", "UNSUPERVISED_HEAD_INITS",
            "DEFAULT_UNSUPERVISED_HEAD_INIT", "DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE", "HCL_PAPER_HYPERBOLIC_WEIGHT",
-           "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_CHOICE_COMMAND"]
+           "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_CHOICE_COMMAND",
+           "GLYPH_VIEW_AUGMENTATIONS", "HCL_GLYPH_VIEW_AUGMENTATION"]
 
 # Pseudo-label settings of the unsupervised method (used by ``training.pseudo_labels``, which explains
 # how the defaults were chosen, and by the recipe's --help, which must not import torch).
@@ -33,6 +34,10 @@ DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 HCL_PAPER_HYPERBOLIC_WEIGHT = 0.1
 HCL_GLYPH_TRUNK_LR = 1e-4
 HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
+# How HCL's two object views of a glyph are augmented (pml_hyperbolic.data.transforms.glyph_view_transform;
+# torch-free copy of its choices for the recipe's command line).
+GLYPH_VIEW_AUGMENTATIONS = ("font", "crop")
+HCL_GLYPH_VIEW_AUGMENTATION = "crop"
 HCL_GLYPH_CHOICE_COMMAND = ("python bench/hcl_validation.py --threads 1 --lrs 1e-4,3e-5 --weights 0.1,1 --seeds 0 "
                             "--confirm-seeds 0,1,2 --top 1")
 

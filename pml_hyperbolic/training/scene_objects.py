@@ -36,16 +36,19 @@ def enlarge_box(box: Box, factor: float, width: float, height: float) -> Box:
     return max(0.0, cx - w / 2), max(0.0, cy - h / 2), min(width, cx + w / 2), min(height, cy + h / 2)
 
 
-def default_view_transform(image_size: int, kind: str = "glyph"):
-    """MoCo-v2-style augmentation of an object crop (random resized crop, flip for photos)."""
+def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentation: str = "font"):
+    """The augmentation of an object crop: for photos MoCo v2's (random resized crop, flip, colour
+    jitter, greyscale); for glyphs :func:`~pml_hyperbolic.data.transforms.glyph_view_transform` with
+    ``glyph_augmentation`` (``"font"``: typeface-like changes; ``"crop"``: the random resized crop alone)."""
     from torchvision import transforms as T
 
-    ops = [T.RandomResizedCrop(image_size, scale=(0.5, 1.0), antialias=True)]
-    if kind != "glyph":  # mirrored glyphs are different characters
-        ops += [T.RandomHorizontalFlip(), T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
-                T.RandomGrayscale(p=0.2)]
-    ops += [T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
-    return T.Compose(ops)
+    from ..data.transforms import glyph_view_transform
+
+    if kind == "glyph":
+        return glyph_view_transform(image_size, augmentation=glyph_augmentation)
+    return T.Compose([T.RandomResizedCrop(image_size, scale=(0.5, 1.0), antialias=True), T.RandomHorizontalFlip(),
+                      T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
+                      T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
 
 def default_scene_transform(image_size: int):
@@ -57,9 +60,9 @@ def default_scene_transform(image_size: int):
 
 class _SceneObjectBase(torch.utils.data.Dataset):
     def __init__(self, image_size: int, view_transform=None, scene_transform=None, enlarge: float = 1.2,
-                 kind: str = "glyph"):
+                 kind: str = "glyph", glyph_augmentation: str = "font"):
         self.image_size = image_size
-        self.view_transform = view_transform or default_view_transform(image_size, kind)
+        self.view_transform = view_transform or default_view_transform(image_size, kind, glyph_augmentation)
         self.scene_transform = scene_transform or default_scene_transform(image_size)
         self.enlarge = enlarge
 
@@ -87,6 +90,9 @@ class ComposedGlyphScenes(_SceneObjectBase):
         num_scenes: dataset length (default: one per glyph image).
         canvas_size: side of the square canvas in pixels.
         min_objects / max_objects: objects per scene (HCL: 2–5).
+        glyph_augmentation: how the two object views are augmented when no ``view_transform`` is
+            given: ``"font"`` (default; typeface-like changes) or ``"crop"`` (random resized crop only),
+            see :func:`~pml_hyperbolic.data.transforms.glyph_view_transform`.
     """
 
     def __init__(self, glyphs, num_scenes: Optional[int] = None, canvas_size: int = 112, min_objects: int = 2,
