@@ -1,31 +1,33 @@
 #!/usr/bin/env python
-"""HCL on the bundled glyphs: choose its trunk learning rate and hyperbolic weight on validation.
+"""HCL on the bundled glyphs: choose its trunk learning rate, hyperbolic weight and object views on validation.
 
     python bench/hcl_validation.py --threads 1                          # 3 × 3 grid, seed 0, then the best 2 on seeds 0,1,2
     python bench/hcl_validation.py --lrs 3e-4 --weights 0.1 --seeds 0   # one setting
+    python bench/hcl_validation.py --lrs 3e-5 --weights 0.1 --views crop,font --carve-seeds 0,1,2,3 --seeds 0,1,2
 
 Issue 13 item 4 ("no method below its starting point"): with the paper's setting, ``bench/quality.py``'s
 ``hcl`` row scored below the untrained features it starts from. This script picks the row's setting
 without looking at the test characters. 32 of the 160 training characters are carved out as
-**validation** (``_quality_common.carve_validation``, seed 0; display-font queries vs serif/sans
-gallery, the test protocol); HCL trains on scenes composed from the other 128 characters only
-(same number of scenes as the bench, ``ComposedGlyphScenes`` seed 0), through exactly the
-``hcl`` row of ``bench/quality.py`` (the recipe ``recipes/hcl.py`` on the activation bank, same
-budget, steps and queue) with the candidate's ``--lr`` (trunk: last block + conv_head) and
-``--hyperbolic-weight`` appended. Each run is scored on validation like the recipe (cosine kNN of
-the trunk's representation); the reference is the untrained features' validation R@1.
+**validation** (``_quality_common.carve_validation``; ``--carve-seeds`` picks which, several carves
+repeat every run on each; display-font queries vs serif/sans gallery, the test protocol); HCL trains on
+scenes composed from the other 128 characters only (same number of scenes as the bench,
+``ComposedGlyphScenes`` seed 0), through exactly the ``hcl`` row of ``bench/quality.py`` (the recipe
+``recipes/hcl.py`` on the activation bank, same budget, steps and queue) with the candidate's ``--lr``
+(trunk: last block + conv_head), ``--hyperbolic-weight`` and ``--view-augmentation`` appended. Each run
+is scored on validation like the recipe (cosine kNN of the trunk's representation) and against the
+untrained features' validation R@1 on the same carve; the table gives the mean of those paired
+differences with its standard error.
 
-Stage 1: every (lr, weight) of the grid with the first seed; stage 2: the ``--top`` best of stage 1
-with every seed of ``--confirm-seeds``. The chosen setting is the best mean validation R@1 of
-stage 2. Test classes are never loaded by this script's training or scoring (only the bank that
-holds them is read from the cache).
+Stage 1: every (lr, weight, views) of the grid with the first seed(s) on every carve; stage 2: the
+``--top`` best of stage 1 with every seed of ``--confirm-seeds``. The chosen setting has the largest
+mean paired gain over its runs. Test classes are never loaded by this script's training or scoring
+(only the bank that holds them is read from the cache).
 
-Cost (2 cores shared with other jobs, load avg 2-4.6, 1 thread): one run is ~225-280 CPU-s, ~4 min
-wall; the first call also builds the glyph bank (~2 min) and the scene bank. The full default grid
-(9 + 2 × 2 runs) is ~55 min, so the recipe's glyph default (``pml_hyperbolic.training.presets``,
-``HCL_GLYPH_*``) was chosen with the reduced call ``--lrs 1e-4,3e-5 --weights 0.1,1 --seeds 0
---confirm-seeds 0,1,2 --top 1`` (23 min wall) plus the old setting alone (``--lrs 3e-4 --weights 0.1
---seeds 0 --confirm-seeds 0``); see ``recipes/hcl.py``'s docstring for the figures.
+Cost (1 thread): one run is ~35 CPU-s since the MoCo branch runs as the pairwise CE (231 CPU-s with
+PML's NTXentLoss); the first call also builds the glyph bank (~2 min) and one scene bank per carve
+and view augmentation (~20 s each). The glyph default (``pml_hyperbolic.training.presets``,
+``HCL_GLYPH_*``) was chosen with four calls of 4 carves × 3 seeds (``bench/results/hcl_validation_stop23.txt``;
+the figures are in ``recipes/hcl.py``'s docstring).
 """
 from __future__ import annotations
 
@@ -213,6 +215,8 @@ def parse_args(argv=None):
     p.add_argument("--carve-seeds", default="0",
                    help="validation carves (which training characters are held out), e.g. 0,1,2,3: every run "
                         "repeats on each carve, scored against the untrained features on the same carve")
+    p.add_argument("--val-classes", type=int, default=32,
+                   help="validation characters per carve (of the 160 training characters; HCL trains on the rest)")
     p.add_argument("--seeds", default="0", help="stage 1 seeds (every grid cell)")
     p.add_argument("--confirm-seeds", default="0,1,2", help="stage 2 seeds (the --top best of stage 1)")
     p.add_argument("--top", type=int, default=2, help="how many stage-1 settings stage 2 re-runs")
@@ -248,8 +252,11 @@ def main(argv=None):
           f"--queue-size {cfg.hcl_queue}, {cfg.hcl_scenes} scenes")
     print(f"machine: {qc.machine_line()}")
     bank = qc.build_bank(cfg, "glyphs", use_cache=not a.no_cache)
-    result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top, views=views, carves=carves)
-    print(f"\nValidation R@1 (%), 128 train / 32 validation characters (carve seeds {', '.join(map(str, carves))}), "
+    if not 2 <= a.val_classes <= 128:
+        raise SystemExit(f"--val-classes must be in 2..128 (of 160 training characters), got {a.val_classes}")
+    result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top, views=views, carves=carves,
+                   num_val_classes=a.val_classes)
+    print(f"\nValidation R@1 (%), {160 - a.val_classes} train / {a.val_classes} validation characters (carve seeds {', '.join(map(str, carves))}), "
           "mean ± std over runs (per run in parentheses), and the paired difference to the untrained features "
           "on the same carve:\n")
     print(table(result))

@@ -124,8 +124,8 @@ def build_rows():
             ["--pml-loss", "triplet", "--kmeans-pseudo-labels", str(UNSUP_KMEANS_K)], kind="recluster"),
         # --lr / --hyperbolic-weight / --view-augmentation: the recipe's glyph values (chosen on validation by
         # bench/hcl_validation.py); the bench budget's own --lr would otherwise replace the rate
-        Row("hcl", f"HCL on composed glyph scenes (MoCo + 0.1·hyperbolic, c=0.05, trunk lr 1e-4, "
-            f"{HCL_GLYPH_VIEW_AUGMENTATION} views)", ("hcl", "HCL"),
+        Row("hcl", f"HCL on composed glyph scenes (MoCo + {HCL_GLYPH_HYPERBOLIC_WEIGHT:g}·hyperbolic, c=0.05, trunk lr "
+            f"{HCL_GLYPH_TRUNK_LR:g}, {HCL_GLYPH_VIEW_AUGMENTATION} views)", ("hcl", "HCL"),
             hcl_argv + ["--view-augmentation", HCL_GLYPH_VIEW_AUGMENTATION], kind="hcl"),
     ]
     for views in ("crop", "font"):

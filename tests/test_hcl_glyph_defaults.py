@@ -49,3 +49,24 @@ def test_validation_script_parses_the_chosen_command():
     weights = hcl_validation.floats(a.weights, "--weights")
     assert presets.HCL_GLYPH_TRUNK_LR in lrs and presets.HCL_GLYPH_HYPERBOLIC_WEIGHT in weights
     assert hcl_validation.PAPER_WEIGHT == presets.HCL_PAPER_HYPERBOLIC_WEIGHT
+
+
+def test_validation_table_scores_each_setting_against_its_own_carve():
+    sys.path.insert(0, BENCH)
+    import hcl_validation
+
+    key = (presets.HCL_GLYPH_TRUNK_LR, presets.HCL_GLYPH_HYPERBOLIC_WEIGHT, presets.HCL_GLYPH_VIEW_AUGMENTATION)
+    other = (1e-3, 1.0, "font")
+    result = {"references": {0: 0.30, 1: 0.20}, "reference": 0.25,
+              "runs": {key: {(0, 0): 0.31, (1, 0): 0.23, (0, 1): 0.32, (1, 1): 0.22},
+                       other: {(0, 0): 0.29, (1, 0): 0.19}},
+              "cpu": {key: [30.0] * 4, other: [31.0] * 2}, "chosen": key,
+              "gain": {key: 0.02, other: -0.01}}
+    text = hcl_validation.table(result)
+    lines = text.splitlines()
+    assert "carve 0: 30.0, carve 1: 20.0" in lines[2]
+    mine = next(line for line in lines if "**chosen**" in line)
+    # differences to the same carve's features: +1, +3, +2, +2 points -> mean +2.0, s.e. 0.8/sqrt(4) = 0.4
+    assert "| +2.0 ± 0.4 |" in mine and "recipes/hcl.py glyph default" in mine
+    assert "[0:0,0:1,1:0,1:1]" in mine
+    assert "| -1.0 ± 0.0 |" in next(line for line in lines if "| font |" in line)

@@ -189,19 +189,20 @@ class RandomStrokeWeight:
         return f"{self.__class__.__name__}(bolder={self.bolder}, lighter={self.lighter}, p={self.p})"
 
 
-def glyph_view_transform(image_size=64, augmentation="font", mean=IMAGENET_MEAN, std=IMAGENET_STD):
+def glyph_view_transform(image_size=64, augmentation="crop", mean=IMAGENET_MEAN, std=IMAGENET_STD):
     """The augmentation of one view of a glyph for self-supervised contrastive learning (MoCo, HCL).
 
     Two views of the same glyph must differ the way one character differs between typefaces, which is
     what glyph retrieval has to ignore, while keeping every stroke that tells two characters apart.
 
-    * ``"font"`` (default): the supervised glyph pipeline's mild affine (rotation ≤ 8°, shift ≤ 8 %,
+    * ``"crop"`` (default): MoCo's random resized crop (scale 0.5–1) alone. A crop can cut off a stroke
+      that distinguishes two characters, but on the bundled glyphs it is the better of the two
+      (``python bench/hcl_validation.py --views crop,font``, see ``recipes/hcl.py``).
+    * ``"font"``: the supervised glyph pipeline's mild affine (rotation ≤ 8°, shift ≤ 8 %,
       scale 0.85–1.1, shear ≤ 6°, white fill), bicubic resize to ``image_size``, a stroke-weight change
       (:class:`RandomStrokeWeight`, p = 0.8) and, with p = 0.5, a Gaussian blur (σ ∈ [0.1, 1] px, MoCo v2's
       blur scaled to the glyph size). No flip (a mirrored glyph is another symbol), no colour jitter
       (glyphs are black on white).
-    * ``"crop"``: MoCo's random resized crop (scale 0.5–1) alone, the HCL recipe's glyph views before
-      2026-11-26; a crop can cut off the strokes that distinguish two characters.
     """
     if augmentation not in GLYPH_VIEW_AUGMENTATIONS:
         raise ValueError(f"augmentation must be one of {GLYPH_VIEW_AUGMENTATIONS}, got {augmentation!r}")

@@ -36,10 +36,10 @@ def enlarge_box(box: Box, factor: float, width: float, height: float) -> Box:
     return max(0.0, cx - w / 2), max(0.0, cy - h / 2), min(width, cx + w / 2), min(height, cy + h / 2)
 
 
-def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentation: str = "font"):
+def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentation: str = "crop"):
     """The augmentation of an object crop: for photos MoCo v2's (random resized crop, flip, colour
     jitter, greyscale); for glyphs :func:`~pml_hyperbolic.data.transforms.glyph_view_transform` with
-    ``glyph_augmentation`` (``"font"``: typeface-like changes; ``"crop"``: the random resized crop alone)."""
+    ``glyph_augmentation`` (``"crop"``: the random resized crop alone; ``"font"``: typeface-like changes)."""
     from torchvision import transforms as T
 
     from ..data.transforms import glyph_view_transform
@@ -60,7 +60,7 @@ def default_scene_transform(image_size: int):
 
 class _SceneObjectBase(torch.utils.data.Dataset):
     def __init__(self, image_size: int, view_transform=None, scene_transform=None, enlarge: float = 1.2,
-                 kind: str = "glyph", glyph_augmentation: str = "font"):
+                 kind: str = "glyph", glyph_augmentation: str = "crop"):
         self.image_size = image_size
         self.view_transform = view_transform or default_view_transform(image_size, kind, glyph_augmentation)
         self.scene_transform = scene_transform or default_scene_transform(image_size)
@@ -91,7 +91,7 @@ class ComposedGlyphScenes(_SceneObjectBase):
         canvas_size: side of the square canvas in pixels.
         min_objects / max_objects: objects per scene (HCL: 2–5).
         glyph_augmentation: how the two object views are augmented when no ``view_transform`` is
-            given: ``"font"`` (default; typeface-like changes) or ``"crop"`` (random resized crop only),
+            given: ``"crop"`` (default; random resized crop only) or ``"font"`` (typeface-like changes),
             see :func:`~pml_hyperbolic.data.transforms.glyph_view_transform`.
     """
 
