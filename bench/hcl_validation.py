@@ -23,7 +23,7 @@ Stage 1: every (lr, weight, views) of the grid with the first seed(s) on every c
 mean paired gain over its runs. Test classes are never loaded by this script's training or scoring
 (only the bank that holds them is read from the cache).
 
-Cost (1 thread): one run is ~35 CPU-s since the MoCo branch runs as the pairwise CE (231 CPU-s with
+Cost (1 thread): one run is ~35 CPU-s since the MoCo branch runs as the pairwise CE (225-280 CPU-s with
 PML's NTXentLoss); the first call also builds the glyph bank (~2 min) and one scene bank per carve
 and view augmentation (~20 s each). The glyph default (``pml_hyperbolic.training.presets``,
 ``HCL_GLYPH_*``) was chosen with four calls of 4 carves × 3 seeds (``bench/results/hcl_validation_stop23.txt``;
