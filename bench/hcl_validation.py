@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shlex
 import sys
 import time
 
@@ -94,13 +95,15 @@ def build_scene_bank(cfg, train_classes, tag, log=print, view_augmentation="crop
                                   view_augmentation=view_augmentation)
 
 
-def hcl_row(lr, weight, views=HCL_GLYPH_VIEW_AUGMENTATION):
+def hcl_row(lr, weight, views=HCL_GLYPH_VIEW_AUGMENTATION, extra=()):
     """``bench/quality.py``'s hcl row with the candidate's trunk lr, hyperbolic weight and view
-    augmentation (flags appended last, so they override the bench budget's ``--lr`` and the row's own)."""
+    augmentation, then ``extra`` recipe flags (appended last, so they override the bench budget's
+    ``--lr`` and the row's own)."""
     base = quality.ROWS["hcl"]
-    return quality.Row(base.key, f"HCL, trunk lr {lr:g}, hyperbolic weight {weight:g}, {views} views", base.recipe,
+    label = f"HCL, trunk lr {lr:g}, hyperbolic weight {weight:g}, {views} views" + (f", {' '.join(extra)}" if extra else "")
+    return quality.Row(base.key, label, base.recipe,
                        base.argv + ["--lr", f"{lr:g}", "--hyperbolic-weight", f"{weight:g}",
-                                    "--view-augmentation", views], kind="hcl")
+                                    "--view-augmentation", views] + list(extra), kind="hcl")
 
 
 def cpu_seconds():
@@ -108,15 +111,15 @@ def cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def score(cfg, val_bank, scenes, lr, weight, views, seed):
+def score(cfg, val_bank, scenes, lr, weight, views, seed, extra=()):
     """Validation R@1 of one HCL run (and its CPU seconds)."""
     t0 = cpu_seconds()
-    metrics, _ = quality.run_row(hcl_row(lr, weight, views), cfg, val_bank, seed, hcl_bank=scenes)
+    metrics, _ = quality.run_row(hcl_row(lr, weight, views, extra), cfg, val_bank, seed, hcl_bank=scenes)
     return metrics["recall_at_1"], cpu_seconds() - t0
 
 
 def sweep(cfg, bank, lrs=TRUNK_LRS, weights=HYPERBOLIC_WEIGHTS, seeds=(0,), confirm_seeds=(0, 1, 2), top=2,
-          num_val_classes=32, log=print, views=(HCL_GLYPH_VIEW_AUGMENTATION,), carves=(0,)):
+          num_val_classes=32, log=print, views=(HCL_GLYPH_VIEW_AUGMENTATION,), carves=(0,), extra=()):
     """Stage 1 (grid, ``seeds``) then stage 2 (the ``top`` best, ``confirm_seeds``), each seed on every
     carve of ``carves``; returns a dict with the per-carve references, every run's validation R@1
     (keyed by (carve, seed)) and the chosen (lr, weight, views). A setting's score is its mean over its
@@ -144,7 +147,7 @@ def sweep(cfg, bank, lrs=TRUNK_LRS, weights=HYPERBOLIC_WEIGHTS, seeds=(0,), conf
             if (carve, seed) in runs.setdefault((lr, weight, kind), {}):
                 continue
             val_bank, scene_banks, _ = splits[carve]
-            r1, seconds = score(cfg, val_bank, scene_banks[kind], lr, weight, kind, seed)
+            r1, seconds = score(cfg, val_bank, scene_banks[kind], lr, weight, kind, seed, extra)
             runs[(lr, weight, kind)][(carve, seed)] = r1
             cpu.setdefault((lr, weight, kind), []).append(seconds)
             log(f"  lr {lr:g} weight {weight:g} {kind} views carve {carve} seed {seed}: val R@1 {100 * r1:.1f} "
@@ -217,6 +220,9 @@ def parse_args(argv=None):
                         "repeats on each carve, scored against the untrained features on the same carve")
     p.add_argument("--val-classes", type=int, default=32,
                    help="validation characters per carve (of the 160 training characters; HCL trains on the rest)")
+    p.add_argument("--recipe-flags", default="",
+                   help="more recipes/hcl.py flags for every run, e.g. \"--temperature 0.5\" (not for --lr, "
+                        "--hyperbolic-weight or --view-augmentation: those are the grid)")
     p.add_argument("--seeds", default="0", help="stage 1 seeds (every grid cell)")
     p.add_argument("--confirm-seeds", default="0,1,2", help="stage 2 seeds (the --top best of stage 1)")
     p.add_argument("--top", type=int, default=2, help="how many stage-1 settings stage 2 re-runs")
@@ -235,12 +241,24 @@ def floats(text, flag):
     return values
 
 
+def recipe_flags(text):
+    """The ``--recipe-flags`` string as argv items; the grid's own flags are refused (one clear error)."""
+    extra = shlex.split(text)
+    gridded = {"--lr", "--hyperbolic-weight", "--view-augmentation"} & {f.split("=")[0] for f in extra}
+    if gridded:
+        raise SystemExit(f"--recipe-flags must not set {', '.join(sorted(gridded))}: use --lrs / --weights / --views")
+    return extra
+
+
 def main(argv=None):
     a = parse_args(argv)
     lrs, weights = floats(a.lrs, "--lrs"), floats(a.weights, "--weights")
     views = tuple(v.strip() for v in a.views.split(",") if v.strip())
     if not views or any(v not in GLYPH_VIEW_AUGMENTATIONS for v in views):
         raise SystemExit(f"--views takes a comma-separated list of {', '.join(GLYPH_VIEW_AUGMENTATIONS)}, got {a.views!r}")
+    if not 2 <= a.val_classes <= 128:
+        raise SystemExit(f"--val-classes must be in 2..128 (of 160 training characters), got {a.val_classes}")
+    extra = recipe_flags(a.recipe_flags)
     seeds = tuple(int(s) for s in a.seeds.split(","))
     confirm = tuple(int(s) for s in a.confirm_seeds.split(","))
     carves = tuple(int(s) for s in a.carve_seeds.split(","))
@@ -252,10 +270,8 @@ def main(argv=None):
           f"--queue-size {cfg.hcl_queue}, {cfg.hcl_scenes} scenes")
     print(f"machine: {qc.machine_line()}")
     bank = qc.build_bank(cfg, "glyphs", use_cache=not a.no_cache)
-    if not 2 <= a.val_classes <= 128:
-        raise SystemExit(f"--val-classes must be in 2..128 (of 160 training characters), got {a.val_classes}")
     result = sweep(cfg, bank, lrs, weights, seeds, confirm, a.top, views=views, carves=carves,
-                   num_val_classes=a.val_classes)
+                   num_val_classes=a.val_classes, extra=tuple(extra))
     print(f"\nValidation R@1 (%), {160 - a.val_classes} train / {a.val_classes} validation characters (carve seeds {', '.join(map(str, carves))}), "
           "mean ± std over runs (per run in parentheses), and the paired difference to the untrained features "
           "on the same carve:\n")

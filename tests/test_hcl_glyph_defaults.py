@@ -4,6 +4,8 @@ paper's weight stays one flag away and remains the default with --annotations.""
 import os
 import sys
 
+import pytest
+
 from pml_hyperbolic.training import presets
 from test_recipe_end_to_end import load_recipe
 
@@ -70,3 +72,18 @@ def test_validation_table_scores_each_setting_against_its_own_carve():
     assert "| +2.0 ± 0.4 |" in mine and "recipes/hcl.py glyph default" in mine
     assert "[0:0,0:1,1:0,1:1]" in mine
     assert "| -1.0 ± 0.0 |" in next(line for line in lines if "| font |" in line)
+
+
+def test_validation_recipe_flags_reach_the_row_and_refuse_the_grid():
+    sys.path.insert(0, BENCH)
+    import hcl_validation
+
+    extra = hcl_validation.recipe_flags('--temperature 0.5 --momentum 0.9')
+    row = hcl_validation.hcl_row(3e-5, 0.1, "crop", extra)
+    assert row.argv[-4:] == ["--temperature", "0.5", "--momentum", "0.9"] and "--temperature 0.5" in row.label
+    assert row.argv[row.argv.index("--view-augmentation") + 1] == "crop"
+    for bad in ("--lr 1e-3", "--view-augmentation=font", "--hyperbolic-weight 2"):
+        with pytest.raises(SystemExit, match="must not set"):
+            hcl_validation.recipe_flags(bad)
+    with pytest.raises(SystemExit, match="--val-classes must be in"):
+        hcl_validation.main(["--val-classes", "150"])
