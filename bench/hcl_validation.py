@@ -171,7 +171,7 @@ def sweep(cfg, bank, lrs=TRUNK_LRS, weights=HYPERBOLIC_WEIGHTS, seeds=(0,), conf
     references = {carve: split[2] for carve, split in splits.items()}
     return {"reference": float(np.mean(list(references.values()))), "references": references, "runs": runs,
             "cpu": cpu, "finalists": finalists, "chosen": chosen, "gain": {k: float(gain(k)) for k in runs},
-            "beats_reference": bool(gain(chosen) >= 0)}
+            "beats_reference": bool(gain(chosen) >= 0), "extra": list(extra)}
 
 
 def table(result):
@@ -198,9 +198,9 @@ def table(result):
         note = []
         if key == result["chosen"]:
             note.append("**chosen**")
-        if key[1] == PAPER_WEIGHT and key[0] == qc.BenchConfig.lr_tail and key[2] == "crop":
+        if key[1] == PAPER_WEIGHT and key[0] == qc.BenchConfig.lr_tail and key[2] == "crop" and not result.get("extra"):
             note.append("paper weight, bench lr, crop views (old default)")
-        if key == (HCL_GLYPH_TRUNK_LR, HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_VIEW_AUGMENTATION):
+        if key == (HCL_GLYPH_TRUNK_LR, HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_VIEW_AUGMENTATION) and not result.get("extra"):
             note.append("recipes/hcl.py glyph default")
         lines.append(f"| {key[0]:g} | {key[1]:g} | {key[2]} | {cell([result['runs'][key][r] for r in done])} "
                      f"[{','.join(f'{c}:{s}' for c, s in done)}] | {gain_cell(key)} | "
@@ -265,7 +265,7 @@ def main(argv=None):
     cfg = qc.BenchConfig(threads=a.threads)
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
-    print("# " + " ".join(["python", "bench/hcl_validation.py"] + list(sys.argv[1:] if argv is None else argv)))
+    print("# " + shlex.join(["python", "bench/hcl_validation.py"] + list(sys.argv[1:] if argv is None else argv)))
     print(f"budget: {cfg.describe()}; HCL row flags: {' '.join(quality.ROWS['hcl'].argv)} "
           f"--queue-size {cfg.hcl_queue}, {cfg.hcl_scenes} scenes")
     print(f"machine: {qc.machine_line()}")

@@ -87,3 +87,14 @@ def test_validation_recipe_flags_reach_the_row_and_refuse_the_grid():
             hcl_validation.recipe_flags(bad)
     with pytest.raises(SystemExit, match="--val-classes must be in"):
         hcl_validation.main(["--val-classes", "150"])
+
+
+def test_validation_table_marks_the_default_only_without_extra_flags():
+    sys.path.insert(0, BENCH)
+    import hcl_validation
+
+    key = (presets.HCL_GLYPH_TRUNK_LR, presets.HCL_GLYPH_HYPERBOLIC_WEIGHT, presets.HCL_GLYPH_VIEW_AUGMENTATION)
+    result = {"references": {0: 0.30}, "reference": 0.30, "runs": {key: {(0, 0): 0.31, (0, 1): 0.29}},
+              "cpu": {key: [30.0, 30.0]}, "chosen": key, "gain": {key: 0.0}}
+    assert "glyph default" in hcl_validation.table(result)
+    assert "glyph default" not in hcl_validation.table({**result, "extra": ["--temperature", "0.5"]})
