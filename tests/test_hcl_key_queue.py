@@ -76,3 +76,34 @@ def test_recipe_moco_branch_is_the_pairwise_ce_on_the_cosine(tmp_path):
     moco = losses["metric_loss"].loss
     assert isinstance(moco, PairwiseCrossEntropyLoss) and isinstance(moco.distance, CosineSimilarity)
     assert isinstance(losses["hyperbolic_loss"].loss.distance, PoincareDistance)
+
+
+def test_pairwise_ce_on_the_queue_skips_the_pair_list_with_the_same_result():
+    # Without a miner the pair list PML builds names every (query, key) pair: the pairwise CE's own
+    # label-equality masks are the same, so the queue passes no list (B x queue index tensors saved)
+    # and the loss and gradients stay bit for bit what they were with it.
+    from pytorch_metric_learning.losses import CrossBatchMemory
+
+    class WithPairList(KeyQueue):
+        create_indices_tuple = CrossBatchMemory.create_indices_tuple
+
+    g = torch.Generator().manual_seed(2)
+    b, d = 6, 4
+    fast = KeyQueue(PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=0.05)), d, memory_size=20)
+    listed = WithPairList(PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=0.05)), d,
+                          memory_size=20)
+    mask = torch.cat([torch.zeros(b, dtype=torch.bool), torch.ones(b, dtype=torch.bool)])
+    for step in range(5):  # the queue fills and wraps
+        x = 0.3 * torch.nn.functional.normalize(torch.randn(2 * b, d, generator=g), dim=1)
+        ids = torch.arange(b) + step * b
+        labels = torch.cat([ids, ids])
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = fast(x1, labels, enqueue_mask=mask), listed(x2, labels, enqueue_mask=mask)
+        got.backward()
+        want.backward()
+        assert torch.equal(got, want) and torch.equal(x1.grad, x2.grad)
+    e, y = torch.zeros(3, d), torch.arange(3)
+    assert fast.create_indices_tuple(e, y, e, y, None, False) is None
+    assert fast.create_indices_tuple(e, y, e, y, None, True) is not None  # self-comparisons to remove
+    ntxent = KeyQueue(NTXentLoss(), d, memory_size=8)
+    assert ntxent.create_indices_tuple(e, y, e, y, None, False) is not None  # other losses: PML's list
