@@ -302,6 +302,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
         ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
         for key in rows:
             row = ROWS[key]
+            hcl_bank = None
             if row.kind == "hcl":
                 if name != "glyphs":
                     ds["rows"][key] = {"label": row.label, "skipped": "HCL scenes are composed from glyphs only"}
@@ -309,7 +310,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
                 views = row_option(row, "--view-augmentation", "crop")
                 if views not in hcl_banks:
                     hcl_banks[views] = hcl_bank_for(cfg, bank, log=log, view_augmentation=views)
-            hcl_bank = hcl_banks.get(row_option(row, "--view-augmentation", "crop")) if row.kind == "hcl" else None
+                hcl_bank = hcl_banks[views]
             per_seed, extras, t_row = [], [], time.perf_counter()
             seeds = [cfg.seeds[0]] if row.kind == "raw" else list(cfg.seeds)
             for seed in seeds:

@@ -20,14 +20,14 @@ carves, never the test characters), three seeds per carve, each run scored again
 features on its own carve (``bench/results/hcl_validation_stop23.txt``; the setting against the other
 views: ``python bench/hcl_validation.py --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font
 --carve-seeds 0,1,2,3 --seeds 0,1,2 --top 2``). Paired validation R@1 gain over the features: trunk
-``--lr 3e-5`` +1.6 ± 0.4 (chosen; higher than the features in 11 of 12 runs), 1e-4 +0.8 ± 0.7 (the default before), 1e-5 +0.2 ± 0.5;
-hyperbolic weight 1 -0.1 ± 0.5 against the paper's 0.1; ``--view-augmentation font`` (typeface-like
+``--lr 3e-5`` +1.6 ± 0.4 (chosen; higher than the features in 11 of 12 runs), 1e-4 +0.8 ± 0.7 (the
+default before), 1e-5 +0.2 ± 0.5; hyperbolic weight 1 -0.1 ± 0.5 against the paper's 0.1; ``--view-augmentation font`` (typeface-like
 views) +0.6 ± 0.3 against the crop's +1.6. On 64 validation characters per carve every rate ties the
 features (+0.3 ± 0.3 at 3e-5, +0.0 ± 0.2 at 1e-4), and on the test characters (checked after the choice,
 ``python bench/quality.py --datasets glyphs --rows raw,hcl,hcl_font``) HCL reads 14.4 ± 0.4 against the
 features' 15.5: **below its starting point**, the one method of issue 13 item 4 that stays there. MoCo's
-instance discrimination pushes apart the same character in two typefaces, the pairs retrieval must join. ``--annotations`` (COCO-style data) keeps
-the paper's values (lr 0.03, weight 0.1, MoCo v2's photo augmentation).
+instance discrimination pushes apart the same character in two typefaces, the pairs retrieval must join.
+``--annotations`` (COCO-style data) keeps the paper's values (lr 0.03, weight 0.1, MoCo v2's photo augmentation).
 The glyph preset still freezes the trunk (a CPU demo); ``--freeze-trunk false`` trains it at that lr.
 
 MoCo's InfoNCE runs as the pairwise cross-entropy on the cosine against the key queue: every query has
@@ -144,7 +144,7 @@ class HCL(RecipeCommandLine):
             self.train_set = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=a.max_train_samples,
                                                  canvas_size=a.canvas_size,
                                                  max_objects=a.max_objects, image_size=a.image_size, seed=a.seed,
-                                                 glyph_augmentation=a.view_augmentation or HCL_GLYPH_VIEW_AUGMENTATION)
+                                                 glyph_augmentation=a.view_augmentation)
             self.dataset_name = "glyphs"
         eval_tf = build_transforms("glyph", train=False, image_size=a.image_size, resize_size=a.resize_size)
         self.train_eval_set = GlyphDataset("train", transform=eval_tf)

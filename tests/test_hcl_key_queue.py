@@ -105,5 +105,9 @@ def test_pairwise_ce_on_the_queue_skips_the_pair_list_with_the_same_result():
     e, y = torch.zeros(3, d), torch.arange(3)
     assert fast.create_indices_tuple(e, y, e, y, None, False) is None
     assert fast.create_indices_tuple(e, y, e, y, None, True) is not None  # self-comparisons to remove
+    from pml_hyperbolic.losses import HyperbolicCrossBatchMemory  # the shortcut lives in the shared memory
+
+    xbm = HyperbolicCrossBatchMemory(PairwiseCrossEntropyLoss(), d, memory_size=8)
+    assert xbm.create_indices_tuple(e, y, e, y, None, False) is None
     ntxent = KeyQueue(NTXentLoss(), d, memory_size=8)
     assert ntxent.create_indices_tuple(e, y, e, y, None, False) is not None  # other losses: PML's list

@@ -33,22 +33,6 @@ class KeyQueue(HyperbolicCrossBatchMemory):
     def supported_losses():
         return CrossBatchMemory.supported_losses() + list(REFERENCE_SET_LOSSES)
 
-    def create_indices_tuple(self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons):
-        """No pair list where the loss scores every query against every key by itself.
-
-        Without a miner, given pairs or self-comparisons to remove (HCL enqueues only the keys, so
-        there are none), PML lists every (query, key) pair: four index tensors of B × queue entries
-        (4.2 million each at batch 64 and the recipe's queue of 65,536), which the pairwise
-        cross-entropy turns back into the same label-equality masks it builds without them. Other
-        losses and settings get PML's list."""
-        from ..losses import PairwiseCrossEntropyLoss
-
-        if (self.miner is None and input_indices_tuple is None and not do_remove_self_comparisons
-                and isinstance(self.loss, PairwiseCrossEntropyLoss) and not self.loss.view_pairs):
-            return None
-        return super().create_indices_tuple(embeddings, labels, E_mem, L_mem, input_indices_tuple,
-                                            do_remove_self_comparisons)
-
     def queue_state(self) -> dict:
         return {"queue_idx": int(self.queue_idx), "has_been_filled": bool(self.has_been_filled)}
 

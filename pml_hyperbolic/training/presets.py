@@ -29,19 +29,15 @@ DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 # HCL (Ge et al., CVPR'23). The paper weighs its hyperbolic scene->object loss 0.1 (the recipe's
 # default with --annotations). On the bundled glyphs the trunk learning rate, that weight and the object
 # views' augmentation were chosen on validation splits carved from the training characters (never the
-# test characters): four carves x three seeds per setting, each run scored against the untrained
-# features on the same carve (bench/results/hcl_validation_stop23.txt). Paired R@1 gain over the features:
-# lr 3e-5 +1.6 ± 0.4 (chosen), 1e-4 +0.8 ± 0.7 (the previous default), 1e-5 +0.2 ± 0.5; weight 1 at 3e-5
-# -0.1 ± 0.5; "font" views +0.6 ± 0.3 at 3e-5, +0.7 ± 0.6 at 1e-4. On 64 validation characters per carve
-# every rate ties the features (3e-5 +0.3 ± 0.3, 1e-5 +0.3 ± 0.1, 1e-4 +0.0 ± 0.2), and on the test
-# characters (checked after the choice) HCL reads 14.4 ± 0.4 against the features' 15.5: below its start.
-# HCL_GLYPH_CHOICE_COMMAND is the run that compares the chosen setting with the other views; the recipe's
-# --help quotes it.
+# test characters), four carves x three seeds per setting; the figures, and the test check after the
+# choice (HCL stays below its features), are in recipes/hcl.py's docstring and
+# bench/results/hcl_validation_stop23.txt. HCL_GLYPH_CHOICE_COMMAND compares the chosen setting with the
+# other views; the recipe's --help quotes it.
 HCL_PAPER_HYPERBOLIC_WEIGHT = 0.1
 HCL_GLYPH_TRUNK_LR = 3e-5
 HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
 # How HCL's two object views of a glyph are augmented (pml_hyperbolic.data.transforms.glyph_view_transform;
-# torch-free copy of its choices for the recipe's command line).
+# the one list of choices, kept here because the recipes' command line must stay torch-free).
 GLYPH_VIEW_AUGMENTATIONS = ("crop", "font")
 HCL_GLYPH_VIEW_AUGMENTATION = "crop"
 HCL_GLYPH_CHOICE_COMMAND = ("python bench/hcl_validation.py --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font "
