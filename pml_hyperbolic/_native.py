@@ -143,9 +143,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         sym_grad.argtypes = [ptr, long_, long_, ptr, long_, long_, long_]
         sym_grad.restype = None
         lca = getattr(lib, f"pml_lca_rows_{name}")
-        lca.argtypes = [ptr, long_, ptr, ptr, ptr, long_, long_, long_, scalar, scalar, ptr, ptr, ptr, ptr, ptr,
-                        ptr, ptr, ptr]
+        lca.argtypes = [ptr, long_, ptr, ptr, ptr, long_, long_, long_, scalar, scalar, ctypes.c_int,
+                        ctypes.c_uint64, ptr, ptr, ptr, ptr, ptr, ptr]
         lca.restype = None
+        uniform_rows = getattr(lib, f"pml_uniform_rows_{name}")
+        uniform_rows.argtypes = [ctypes.c_uint64, ctypes.c_uint64, long_, long_, ptr]
+        uniform_rows.restype = None
         scatter = getattr(lib, f"pml_scatter_scaled_{name}")
         scatter.argtypes = [ptr, ptr, ptr, ptr, long_, long_]
         scatter.restype = None
@@ -444,15 +447,17 @@ def row_terms(x: Tensor, c: float, floor: float, extreme: tuple[float, float] | 
 _LCA_MIN_ELEMENTS_PER_THREAD = 1 << 15
 
 
-def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: float, uniform, block: int,
+def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: float, noise, block: int,
              grads: Tensor | None, on: Tensor | None, threads: int | None = None):
     """HIER's LCA triplet rows natively (``pml_lca_rows_*`` in ``_native_tail.c``): fills ``loss``,
     ``a``, ``b`` and, when given, ``grads`` (3, T, P) and ``on`` (3, T) exactly as
-    ``hier_loss._LCATripletLoss._run`` does with torch ops. ``uniform`` (a fill function, or None
-    for no noise) draws ``block`` rows of the first choice, then of the second, block by block: the
-    torch path's order, so one seed gives the same draws on both. The rows of a block are shared
-    by ``threads`` (default: torch's count). Returns (loss, a, b), or None when the native path
-    does not apply (then nothing is drawn)."""
+    ``hier_loss._LCATripletLoss._run`` does with torch ops. ``noise``: None (no Gumbel noise) or a
+    ``hier_loss._CounterUniform``, whose draws the C loop generates from its ``key`` where it uses them
+    (the same values as the source's ``draws``). ``block`` rows at a time, shared by ``threads``
+    (default: torch's count). Returns (loss, a, b), or None when the native path does not apply
+    (also for a noise source that is not counter-based)."""
+    if noise is not None and not isinstance(getattr(noise, "key", None), int):
+        return None
     if not enabled() or dist.ndim != 2 or not _usable(dist) or (grads is not None and not _usable(dist, grads, on)):
         return None
     if any(t.dtype != torch.long or t.device.type != "cpu" or not t.is_contiguous() for t in (i, j, k)):
@@ -460,31 +465,40 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
     lib = _library()
     if lib is None:
         return None
-    fn = lib.pml_lca_rows_f32 if dist.dtype == torch.float32 else lib.pml_lca_rows_f64
     n, p = i.numel(), dist.shape[1]
+    if p >= 2 ** 31:  # the loop's candidate indices and draw counters are 32-bit lanes
+        return None
+    fn = lib.pml_lca_rows_f32 if dist.dtype == torch.float32 else lib.pml_lca_rows_f64
     threads = max(1, torch.get_num_threads() if threads is None else int(threads))
     loss = dist.new_empty(n)
     a = torch.empty(n, dtype=torch.long)
     b = torch.empty(n, dtype=torch.long)
     work = dist.new_empty(threads, 2 * p)  # each part's two rows of scratch
-    draws = dist.new_empty(2, min(block, n), p) if uniform is not None else None
     fixed = (dist.data_ptr(), p, i.data_ptr(), j.data_ptr(), k.data_ptr(), n)
+    noise_args = (0, 0) if noise is None else (1, noise.key)
     tail = (loss.data_ptr(), a.data_ptr(), b.data_ptr(), grads.data_ptr() if grads is not None else None,
             on.data_ptr() if on is not None else None)
-    row_bytes = p * dist.element_size()
     for start in range(0, n, block):
         stop = min(n, start + block)
-        u1 = u2 = None
-        if draws is not None:
-            u1, u2 = uniform(draws[0, :stop - start]).data_ptr(), uniform(draws[1, :stop - start]).data_ptr()
         parts = max(1, min(threads, (stop - start) * p // _LCA_MIN_ELEMENTS_PER_THREAD))
         bounds = [start + (stop - start) * q // parts for q in range(parts + 1)]
-        _in_parallel([functools.partial(
-            fn, *fixed, bounds[q], bounds[q + 1], 1.0 / tau, margin,
-            None if u1 is None else u1 + (bounds[q] - start) * row_bytes,
-            None if u2 is None else u2 + (bounds[q] - start) * row_bytes, *tail, work[q].data_ptr())
-            for q in range(parts)])
+        _in_parallel([functools.partial(fn, *fixed, bounds[q], bounds[q + 1], 1.0 / tau, margin, *noise_args, *tail,
+                                        work[q].data_ptr())
+                      for q in range(parts)])
     return loss, a, b
+
+
+def uniform_rows(key: int, first_row: int, rows: int, p: int, dtype: torch.dtype = torch.float32) -> Tensor | None:
+    """(rows, p) of the counter-based draws that ``lca_rows`` generates for streams ``first_row``..
+    under ``key`` (``pml_uniform_rows_*``), or None without the native library. For checking the
+    numpy form in ``hier_loss._CounterUniform`` against the C loop's."""
+    lib = _library() if enabled() else None
+    if lib is None:
+        return None
+    out = torch.empty(rows, p, dtype=dtype)
+    fn = lib.pml_uniform_rows_f32 if dtype == torch.float32 else lib.pml_uniform_rows_f64
+    fn(key, first_row, rows, p, out.data_ptr())
+    return out
 
 
 def scatter_scaled_rows(grad: Tensor, src: Tensor, indices, scale: Tensor) -> bool:

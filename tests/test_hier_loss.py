@@ -1,6 +1,7 @@
 """HIERLoss: arguments, dtypes, an independent loop reference, gradients, miners, training."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from pytorch_metric_learning.miners import BatchHardMiner, PairMarginMiner
@@ -224,21 +225,19 @@ def test_straight_through_gradient_matches_naive_formula():
 
 def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
     """Training mode: the same Gumbel noise fed to the per-op textbook estimator (hard Gumbel-softmax,
-    g = −log(−log U)) gives the same losses and gradients as the fused exponential-race form."""
+    g = −log(−log U)) gives the same losses and gradients as the fused exponential-race form (the
+    native loop here, which generates its draws from the counter: recomputed below from the key)."""
     from pml_hyperbolic.losses import hier_loss
 
-    draws = []
+    keys = []
+    real_source = hier_loss._noise_source
 
     def recording_source(device, seed=None):
-        gen = torch.Generator().manual_seed(5)
+        source, used_seed = real_source(device, seed)
+        keys.append(source.key)
+        return source, used_seed
 
-        def fill(t):
-            t.copy_(torch.rand(t.shape, generator=gen, dtype=t.dtype))
-            draws.append(t.clone())
-            return t
-        return fill, 5
-
-    monkeypatch.setattr(hier_loss, "_uniform_source", recording_source)
+    monkeypatch.setattr(hier_loss, "_noise_source", recording_source)
     d, p, tau = 3, 6, 0.5
     loss = make_loss(d, p, seed=6, proxy_std=0.8, proxy_term=False, tau=tau).double()
     assert loss.training and loss.stochastic_lca
@@ -247,7 +246,7 @@ def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
     out = loss.compute_loss(E, y, None, E, y)["loss"]
     a, pp, n = out["indices"]
     got = torch.autograd.grad(out["losses"].mean(), [E, loss.proxies])
-    assert len(draws) == 2  # one block: U for LCA(i, j), then for LCA(i, j, k), all triplets
+    assert len(keys) == 1  # one call: streams 2t (LCA(i, j)) and 2t + 1 (LCA(i, j, k)) of triplet row t
     from pml_hyperbolic import poincare_ball as pb
     D = pb.pairwise_dist(E, loss.proxies_in_ball(), 0.1)
     # the kept rows of the (T, P) draws: recompute every triplet's row id from the kept triplets
@@ -256,7 +255,9 @@ def test_stochastic_gradient_matches_naive_gumbel_formula(monkeypatch):
     key = lambda *t: (t[0] * 64 + t[1]) * 64 + t[2]  # noqa: E731
     row = {int(k): r for r, k in enumerate(key(all_a, all_p, all_n))}
     rows = torch.tensor([row[int(k)] for k in key(a, pp, n)])
-    u1, u2 = draws[0][rows], draws[1][rows]
+    streams = 2 * np.arange(all_a.numel(), dtype=np.uint64)
+    u1 = hier_loss.counter_uniform(keys[0], streams, p, torch.float64)[rows]
+    u2 = hier_loss.counter_uniform(keys[0], streams + np.uint64(1), p, torch.float64)[rows]
     di, dj, dk = D[a], D[pp], D[n]
     m_ij = torch.maximum(di, dj)
     m_ijk = torch.maximum(m_ij, dk)
@@ -500,3 +501,30 @@ def test_second_backward_recomputes_the_same_gradient_and_buffers_are_reused():
     third, = torch.autograd.grad(again, E)
     assert len(hier_loss._SPARE_GRADS) == 1 and list(hier_loss._SPARE_GRADS)[0] is spare  # the same memory
     assert torch.equal(first, third)  # same seed, same draws, same gradient through a reused buffer
+
+
+def test_mutual_nn_symmetric_shortcut_equals_the_general_form():
+    """On an exactly symmetric matrix (the proxies' distances) the column neighbours are the row
+    neighbours transposed: one topk gives the same mutual-neighbour mask as two."""
+    from pml_hyperbolic.losses.hier_loss import _mutual_nn
+
+    g = torch.Generator().manual_seed(12)
+    for n, k in ((50, 5), (40, 39), (7, 10)):
+        d = torch.rand(n, n, generator=g, dtype=torch.float64)
+        d = 0.5 * (d + d.T)
+        eye = torch.eye(n, dtype=torch.bool)
+        general = _mutual_nn(d, k, eye)
+        assert torch.equal(_mutual_nn(d, k, eye, symmetric=True), general)
+        assert general.any() and torch.equal(general, general.T)
+
+
+def test_flat_nonzero_is_nonzero_in_row_major_order():
+    from pml_hyperbolic.losses.hier_loss import _flat_nonzero
+
+    g = torch.Generator().manual_seed(13)
+    for shape in ((0, 5), (5, 0), (30, 17), (1, 1)):
+        mask = torch.rand(shape, generator=g) > 0.6
+        rows, cols = mask.nonzero(as_tuple=True)
+        flat = _flat_nonzero(mask)
+        assert flat.dtype == torch.long and torch.equal(flat, rows * shape[1] + cols)
+    assert torch.equal(_flat_nonzero(torch.ones(4, 6, dtype=torch.bool).T), torch.arange(24))  # not contiguous

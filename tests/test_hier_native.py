@@ -2,6 +2,7 @@
 Gumbel draws), at float32 and float64, with and without noise and gradients, on 1 and 2 threads."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,8 +26,8 @@ def run(path, dist, i, j, k, stochastic, need_grad, block=64, seed=11):
     previous = os.environ.get("PML_HYPERBOLIC_NATIVE")
     os.environ["PML_HYPERBOLIC_NATIVE"] = path
     try:
-        uniform = H._uniform_source(dist.device, seed)[0] if stochastic else None
-        loss, a, b, grads, on = H._LCATripletLoss._run(dist, i, j, k, 0.2, 0.1, uniform, block, need_grad)
+        noise = H._noise_source(dist.device, seed)[0] if stochastic else None
+        loss, a, b, grads, on = H._LCATripletLoss._run(dist, i, j, k, 0.2, 0.1, noise, block, need_grad)
         out = (loss.clone(), a.clone(), b.clone(), None if grads is None else grads.clone(),
                None if on is None else on.clone())
         if grads is not None:
@@ -58,9 +59,9 @@ def test_no_gradient_rows_and_thread_counts_agree():
     loss_only = run("1", dist, i, j, k, True, need_grad=False, block=512)
     assert torch.equal(full[0], loss_only[0]) and torch.equal(full[1], loss_only[1])
     assert loss_only[3] is None and loss_only[4] is None
-    uniform = H._uniform_source(dist.device, 11)[0]
+    noise = H._noise_source(dist.device, 11)[0]
     grads, on = torch.empty(3, 1000, 300), torch.empty(3, 1000)
-    two = _native.lca_rows(dist, i, j, k, 0.2, 0.1, uniform, 512, grads, on, threads=2)
+    two = _native.lca_rows(dist, i, j, k, 0.2, 0.1, noise, 512, grads, on, threads=2)
     assert torch.equal(two[0], full[0]) and torch.equal(two[1], full[1]) and torch.equal(grads, full[3])
 
 
@@ -90,13 +91,92 @@ def test_not_applicable_returns_none_and_draws_nothing():
     dist, i, j, k = problem(torch.float32)
     drawn = []
 
-    def uniform(t):
-        drawn.append(1)
-        return t.uniform_()
+    class RecordingSource:  # not counter-based: the native loop cannot generate its draws
+        def draws(self, *args):
+            drawn.append(1)
+            return torch.rand(args[1] - args[0], args[2])
 
-    assert _native.lca_rows(dist[:, ::2], i, j, k, 0.2, 0.1, uniform, 64, None, None) is None  # not contiguous
-    assert _native.lca_rows(dist, i.int(), j.int(), k.int(), 0.2, 0.1, uniform, 64, None, None) is None
+    noise = H._noise_source(dist.device, 3)[0]
+    assert _native.lca_rows(dist[:, ::2], i, j, k, 0.2, 0.1, noise, 64, None, None) is None  # not contiguous
+    assert _native.lca_rows(dist, i.int(), j.int(), k.int(), 0.2, 0.1, noise, 64, None, None) is None
+    assert _native.lca_rows(dist, i, j, k, 0.2, 0.1, RecordingSource(), 64, None, None) is None
     assert not drawn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_counter_draws_equal_the_native_loop_bit_for_bit(dtype):
+    """The numpy form of the counter-based draws (torch path) equals the C one, for keys and
+    streams of the full 64-bit range and a row length past the vector width."""
+    for key, first in ((0, 0), (12345678901234, 7), (2 ** 62 - 1, 2 ** 40), (2 ** 64 - 1, 2 ** 63)):
+        native = _native.uniform_rows(key, first, 37, 301, dtype)
+        numpy_form = H.counter_uniform(key, np.arange(37, dtype=np.uint64) + np.uint64(first), 301, dtype)
+        assert native.dtype == numpy_form.dtype == dtype
+        assert torch.equal(native, numpy_form)
+
+
+def test_counter_draws_reference_values():
+    """Three draws by hand, from the formula in ``counter_uniform``'s docstring (no library code):
+
+        def mix32(x):
+            x ^= x >> 16; x = x * 0x7FEB352D % 2**32; x ^= x >> 15; x = x * 0x846CA68B % 2**32
+            return x ^ (x >> 16)
+        M = 2**64
+        z = (key + (stream + 1) * 0x9E3779B97F4A7C15) % M
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % M
+        z ^= z >> 31
+        x = mix32(mix32((q + z) % 2**32) ^ (z >> 32))
+        u = (x >> 8) / 2**24
+    """
+    def mix32(x):
+        x ^= x >> 16
+        x = x * 0x7FEB352D % 2 ** 32
+        x ^= x >> 15
+        x = x * 0x846CA68B % 2 ** 32
+        return x ^ (x >> 16)
+
+    def by_hand(key, stream, q):
+        m = 2 ** 64
+        z = (key + (stream + 1) * 0x9E3779B97F4A7C15) % m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+        z ^= z >> 31
+        x = mix32(mix32((q + z) % 2 ** 32) ^ (z >> 32))
+        return (x >> 8) / 2 ** 24
+
+    for key, stream, q in ((5, 0, 0), (2 ** 61 + 3, 9, 300), (123, 2 ** 33, 17)):
+        got = H.counter_uniform(key, np.array([stream], dtype=np.uint64), q + 1, torch.float32)[0, q]
+        assert float(got) == by_hand(key, stream, q)
+
+
+def test_counter_draws_are_uniform_and_uncorrelated():
+    """Kolmogorov–Smirnov against U[0, 1) over 200,000 draws of 400 streams; lag-1 correlation along
+    a row and between neighbouring streams (rows) near 0."""
+    from scipy import stats
+
+    u = H.counter_uniform(987654321, np.arange(400, dtype=np.uint64), 500, torch.float64).numpy()
+    assert stats.kstest(u.ravel(), "uniform").pvalue > 1e-3
+    assert 0 <= u.min() and u.max() < 1
+    for a, b in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:]), (u[::2], u[1::2])):
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.01  # s.e. ≈ 0.0022
+    assert len(np.unique(u[0])) == 500  # a row's draws are distinct (bijective hash of the position)
+
+
+def test_gumbel_choice_frequencies_follow_the_softmax():
+    """Gumbel-max through the native loop: over 40,000 rows of one (D_i, D_j, D_k) triple, LCA(i, j)
+    is proxy p with probability softmax(−max(D_i, D_j)/τ)_p (chi-square test)."""
+    from scipy import stats
+
+    g = torch.Generator().manual_seed(4)
+    p, rows = 9, 40000
+    dist = (0.3 * torch.rand(3, p, generator=g, dtype=torch.float64)).float()
+    i, j, k = torch.zeros(rows, dtype=torch.long), torch.ones(rows, dtype=torch.long), torch.full((rows,), 2)
+    noise = H._noise_source(dist.device, 77)[0]
+    _, a, b = _native.lca_rows(dist, i, j, k, 0.2, 0.1, noise, 4096, None, None)
+    for choice, m in ((a, torch.maximum(dist[0], dist[1])), (b, dist.max(dim=0).values)):
+        expected = torch.softmax(-m.double() / 0.2, dim=0).numpy() * rows
+        observed = np.bincount(choice.numpy(), minlength=p)
+        assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

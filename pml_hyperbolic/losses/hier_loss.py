@@ -35,17 +35,31 @@ def _check_int(value, name: str, minimum: int) -> int:
     return value
 
 
-def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor) -> torch.Tensor:
-    """(Q, R) bool: j is among the k nearest refs of i AND i among the k nearest queries of j."""
+def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor, symmetric: bool = False) -> torch.Tensor:
+    """(Q, R) bool: j is among the k nearest refs of i AND i among the k nearest queries of j.
+
+    ``symmetric``: ``dist`` and ``exclude`` are exactly symmetric (the proxies' distances), so the
+    k nearest queries of column j are the k nearest refs of row j: one ``topk`` instead of two."""
     d = dist.masked_fill(exclude, float("inf"))
     q, r = d.shape
     row = torch.zeros_like(exclude)
-    col = torch.zeros_like(exclude)
     if min(k, r) > 0:
         row.scatter_(1, d.topk(min(k, r), dim=1, largest=False).indices, True)
-    if min(k, q) > 0:
-        col.scatter_(0, d.topk(min(k, q), dim=0, largest=False).indices, True)
+    if symmetric:
+        col = row.T
+    else:
+        col = torch.zeros_like(exclude)
+        if min(k, q) > 0:
+            col.scatter_(0, d.topk(min(k, q), dim=0, largest=False).indices, True)
     return row & col & ~exclude
+
+
+def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """(K,) long: the row-major flat indices of ``mask``'s True entries (``nonzero`` order). On CPU by
+    numpy's ``flatnonzero``: 0.65 against 5.4 ms for aten's ``nonzero`` on a 900 × 900 mask."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()))
+    return mask.reshape(-1).nonzero().squeeze(1)
 
 
 def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int):
@@ -57,7 +71,9 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     """
     dev = pos.device
     n_neg = neg.sum(dim=1)
-    a, p = pos.nonzero(as_tuple=True)
+    width = pos.shape[1]
+    pos_flat = _flat_nonzero(pos)
+    a, p = pos_flat // width, pos_flat % width
     per_pair = n_neg[a]
     keep = per_pair > 0
     a, p, per_pair = a[keep], p[keep], per_pair[keep]
@@ -65,7 +81,7 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     if total == 0:
         empty = torch.zeros(0, dtype=torch.long, device=dev)
         return empty, empty, empty
-    neg_cols = neg.nonzero(as_tuple=True)[1]  # row-major: anchor a's negatives are contiguous
+    neg_flat = _flat_nonzero(neg)  # row-major: anchor a's negatives are contiguous
     row_start = torch.cumsum(n_neg, 0) - n_neg
     if total <= max_triplets:
         pair_id = torch.repeat_interleave(torch.arange(a.numel(), device=dev), per_pair)
@@ -76,7 +92,7 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
         cnt = per_pair[pair_id]
         rank = torch.minimum((torch.rand(max_triplets, device=dev, dtype=torch.float64) * cnt).long(), cnt - 1)
     aa = a[pair_id]
-    return aa, p[pair_id], neg_cols[row_start[aa] + rank]
+    return aa, p[pair_id], neg_flat[row_start[aa] + rank] % width
 
 
 def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -90,24 +106,80 @@ def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return (p - hit.mul_(descending).amax(dim=1)).long()
 
 
-def _uniform_source(device: torch.device, seed: int | None = None):
-    """A function filling a tensor with U[0, 1) draws, seeded from torch's generator.
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 
-    On CPU numpy's PCG64 (~1.8 ns per float32) instead of aten's ``uniform_`` (an mt19937 scalar
-    loop, ~2.9 ns, the largest single cost of the stochastic loss); its seed is drawn from torch's
-    default generator (or given: ``seed``, to replay the same draws), so ``torch.manual_seed``
-    reproduces the noise and activation checkpointing (which restores torch's RNG state) redraws the
-    same. Other devices: ``uniform_``. Returns (fill, seed); seed is None off the CPU."""
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """The "lowbias32" integer hash on uint32 arrays (wrapping arithmetic), in place."""
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def counter_uniform(key: int, streams: np.ndarray, p: int, dtype: torch.dtype) -> torch.Tensor:
+    r"""(len(streams), p) draws in [0, 1): draw q of stream s under the 64-bit ``key``,
+
+    .. math::
+        \sigma = \mathrm{splitmix64}(key + (s + 1)\gamma), \quad
+        x = \mathrm{mix32}(\mathrm{mix32}(q + \sigma_{lo}) \oplus \sigma_{hi}),
+
+    U = (x ≫ 8)·2⁻²⁴ in float32, (x·2²¹ + (mix32(x + γ_lo) ≫ 11))·2⁻⁵³ in float64 (γ the golden
+    gamma 0x9E3779B97F4A7C15, arithmetic mod 2³² / 2⁶⁴). The formula of ``pml_uniform_*`` in
+    ``_native_tail.c``, which generates the same values inside HIER's native LCA loop; this numpy
+    form serves the torch path (no native library, or ``PML_HYPERBOLIC_NATIVE=0``)."""
+    s = np.asarray(streams, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + (s + np.uint64(1)) * np.uint64(_GOLDEN_GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        lo = (z & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]
+        hi = (z >> np.uint64(32)).astype(np.uint32)[:, None]
+        x = _mix32(_mix32(np.arange(p, dtype=np.uint32)[None, :] + lo) ^ hi)
+        if dtype == torch.float64:
+            tail = _mix32(x + np.uint32(_GOLDEN_GAMMA & 0xFFFFFFFF)) >> np.uint32(11)
+            bits = (x.astype(np.uint64) << np.uint64(21)) | tail.astype(np.uint64)
+            return torch.from_numpy(bits.astype(np.float64) * 2.0 ** -53)
+        return torch.from_numpy((x >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24))
+
+
+class _CounterUniform:
+    """The Gumbel noise's uniform draws on CPU, defined by a counter: the draws of LCA choice r
+    (0: LCA(i, j), 1: LCA(i, j, k)) for triplet row t are stream 2t + r of :func:`counter_uniform`
+    under ``key``. Nothing is stored or drawn ahead: the native loop generates each value where it
+    uses it, in any row order or thread split, and a replay with the same key gives the same noise."""
+
+    def __init__(self, key: int):
+        self.key = int(key)
+
+    def draws(self, choice: int, start: int, stop: int, p: int, dtype, device) -> torch.Tensor:
+        """(stop − start, p) draws of ``choice`` for triplet rows start..stop."""
+        streams = 2 * np.arange(start, stop, dtype=np.uint64) + np.uint64(choice)
+        return counter_uniform(self.key, streams, p, dtype).to(device)
+
+
+class _DeviceUniform:
+    """Off the CPU: ``torch.rand`` on the device, in the torch path's order (torch's generator)."""
+
+    def draws(self, choice: int, start: int, stop: int, p: int, dtype, device) -> torch.Tensor:
+        return torch.rand(stop - start, p, dtype=dtype, device=device)
+
+
+def _noise_source(device: torch.device, seed: int | None = None):
+    """The Gumbel noise's uniform source: (source, seed); seed is None off the CPU.
+
+    On CPU a :class:`_CounterUniform` whose 62-bit key is drawn from torch's default generator (or
+    given: ``seed``, to replay the same draws), so ``torch.manual_seed`` reproduces the noise and
+    activation checkpointing (which restores torch's RNG state) redraws the same. Generated inside
+    the native loop, the draws cost no buffer and no pass of their own: they replaced numpy's PCG64
+    filling (2, rows, P) buffers, a third of HIERLoss's CPU time."""
     if device.type != "cpu":
-        return (lambda t: t.uniform_()), None
-    seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else seed
-    rng = np.random.Generator(np.random.PCG64(seed))
-
-    def fill(t):
-        rng.random(out=t.numpy(), dtype=np.float32 if t.dtype == torch.float32 else np.float64)
-        return t
-
-    return fill, seed
+        return _DeviceUniform(), None
+    seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else int(seed)
+    return _CounterUniform(seed), seed
 
 
 # The (3, T, P) unit-factor gradients of _LCATripletLoss, kept between calls on CPU: 50 MB at the
@@ -117,22 +189,22 @@ def _uniform_source(device: torch.device, seed: int | None = None):
 _SPARE_GRADS = SpareBuffers(capacity=2)
 
 
-def _select_lca(m: torch.Tensor, tau: float, uniform, need_pi: bool):
+def _select_lca(m: torch.Tensor, tau: float, u: torch.Tensor | None, need_pi: bool):
     r"""Row-wise LCA choice :math:`\arg\max_p (z_p + g_p)` with :math:`z = -m/\tau`, and
     :math:`\pi = \operatorname{softmax}(z + g)` (None unless ``need_pi``). ``m`` is overwritten.
 
-    ``uniform`` None: g = 0, the plain argmax (first maximum on ties) and softmax. Otherwise
-    ``uniform`` fills a tensor with U[0, 1) draws and g is Gumbel noise, drawn as the exponential
+    ``u`` None: g = 0, the plain argmax (first maximum on ties) and softmax. Otherwise ``u`` holds
+    U[0, 1) draws (the shape of ``m``) and g is Gumbel noise, drawn as the exponential
     race :math:`g_p = -\log E_p`, :math:`E_p = -\log U_p \sim \operatorname{Exp}(1)`: with
     :math:`e^{z_p + g_p} = e^{z_p}/E_p`, :math:`q_p = e^{z_p - \max z} / \log U_p = -e^{z_p + g_p - \max z}`,
     the choice is :math:`\arg\min q` and :math:`\pi = q / \sum q`: one logarithm per element
     instead of the two of :math:`-\log(-\log U)`, and no separate softmax (U = 0: weight 0)."""
     z = m.div_(-tau)
     z_max = z.amax(dim=1, keepdim=True)
-    if uniform is None:
+    if u is None:
         choice = _first_index_of(z, z_max)
         return choice, (z.softmax(dim=1) if need_pi else None)
-    log_u = uniform(torch.empty_like(z)).log_()
+    log_u = u.log_()
     q = z.sub_(z_max).exp_().div_(log_u)
     choice = _first_index_of(q, q.amin(dim=1, keepdim=True))
     return choice, (q.div_(q.sum(dim=1, keepdim=True)) if need_pi else None)
@@ -178,8 +250,8 @@ class _LCATripletLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dist, i, j, k, tau, margin, stochastic, block):
         need_grad = ctx.needs_input_grad[0]
-        uniform, seed = _uniform_source(dist.device) if stochastic else (None, None)
-        loss, a, b, grads, on = _LCATripletLoss._run(dist, i, j, k, tau, margin, uniform, block, need_grad)
+        noise, seed = _noise_source(dist.device) if stochastic else (None, None)
+        loss, a, b, grads, on = _LCATripletLoss._run(dist, i, j, k, tau, margin, noise, block, need_grad)
         ctx.mark_non_differentiable(a, b)
         if need_grad:
             # grads is kept as an attribute, not a saved tensor: the backward hands it back for the
@@ -191,7 +263,7 @@ class _LCATripletLoss(torch.autograd.Function):
         return loss, a, b
 
     @staticmethod
-    def _run(dist, i, j, k, tau, margin, uniform, block, need_grad):
+    def _run(dist, i, j, k, tau, margin, noise, block, need_grad):
         """The forward's loop: (loss, a, b, grads or None, on or None)."""
         n, p = i.numel(), dist.shape[1]
         loss = dist.new_empty(n)
@@ -203,7 +275,7 @@ class _LCATripletLoss(torch.autograd.Function):
             on = dist.new_empty(3, n)  # active hinges
         if dist.device.type == "cpu":  # one native pass per row (same formulas, same draws)
             done = _native.lca_rows(dist.contiguous(), i.contiguous(), j.contiguous(), k.contiguous(), tau, margin,
-                                    uniform, block, grads, on)
+                                    noise, block, grads, on)
             if done is not None:
                 return (*done, grads, on)
         for start in range(0, n, block):
@@ -215,8 +287,11 @@ class _LCATripletLoss(torch.autograd.Function):
                 i_wins = torch.ge(di, dj, out=torch.empty_like(di))
                 k_wins = torch.gt(dk, m1, out=torch.empty_like(di))
             m2 = torch.maximum(m1, dk)
-            a_r, pi1 = _select_lca(m1, tau, uniform, need_grad)
-            b_r, pi2 = _select_lca(m2, tau, uniform, need_grad)
+            stop = min(n, start + block)
+            u1, u2 = ((None, None) if noise is None else
+                      (noise.draws(r, start, stop, p, dist.dtype, dist.device) for r in (0, 1)))
+            a_r, pi1 = _select_lca(m1, tau, u1, need_grad)
+            b_r, pi2 = _select_lca(m2, tau, u2, need_grad)
             a[rows], b[rows] = a_r, b_r
             a_col, b_col = a_r.view(-1, 1), b_r.view(-1, 1)
             h1 = di.gather(1, a_col) - di.gather(1, b_col) + margin  # (rows, 1)
@@ -245,8 +320,8 @@ class _LCATripletLoss(torch.autograd.Function):
         dist, on, i, j, k, a, b = ctx.saved_tensors
         grads = ctx.grads
         if grads is None:  # a second backward (retain_graph=True): the same draws again
-            uniform = _uniform_source(dist.device, ctx.seed)[0] if ctx.stochastic else None
-            grads = _LCATripletLoss._run(dist.detach(), i, j, k, ctx.tau, ctx.margin, uniform, ctx.block, True)[3]
+            noise = _noise_source(dist.device, ctx.seed)[0] if ctx.stochastic else None
+            grads = _LCATripletLoss._run(dist.detach(), i, j, k, ctx.tau, ctx.margin, noise, ctx.block, True)[3]
         p = grads.shape[2]
         scale = (grad_loss / ctx.tau).contiguous()
         grad = grads.new_zeros(dist.shape[0], p)
@@ -308,8 +383,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     proxy); gradients pass straight through a softmax :math:`\pi_p \propto
     \exp(-\max_{s}d(s,p)/\tau + g_p)` (``tau``), so the distances to every candidate, hence all
     proxies, get gradient. In training mode with ``stochastic_lca=True`` the :math:`g_p` are
-    Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper; on CPU drawn by numpy's PCG64, seeded
-    from torch's generator, so ``torch.manual_seed`` reproduces it); in eval mode or with
+    Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper; on CPU from a counter-based generator
+    keyed from torch's generator, :func:`counter_uniform`, so ``torch.manual_seed`` reproduces it;
+    on other devices ``torch.rand``); in eval mode or with
     ``stochastic_lca=False`` g = 0 and the selection is the deterministic argmin (ties: lowest
     proxy index; proxy-proxy distances are symmetrised so that LCA(i, j) ties between proxies i
     and j are broken the same way every time). The π-part is an estimator, not the derivative of
@@ -322,10 +398,12 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     O(N·P + P² + T + chunk_size·P), never O(B³). A chunk keeps three (chunk_size, P) gradient
     slabs for the backward; its temporaries are blocks of ~2¹⁸ elements.
 
-    **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one training step
-    is about 7–8.5× PML's ``SupConLoss`` on CPU (``bench/losses.py``, 1 thread), of which the
-    Gumbel noise alone (a uniform draw, a logarithm and an exponential per triplet-proxy pair) is
-    about 2.5×; ``max_triplets``, ``max_proxy_triplets`` and ``num_proxies`` scale it linearly.
+    **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one forward and
+    backward takes 87–90 ms on 1 CPU thread, 1.82–1.87× PML's ``SupConLoss`` in the same run
+    (``python bench/losses.py --no-miners --threads 1 --only HIERLoss SupCon``;
+    bench/results/hier_cpu_stop24.txt); the Gumbel noise (a hashed draw, a logarithm and a division
+    per triplet-proxy pair) is about a third of it. ``max_triplets``, ``max_proxy_triplets`` and
+    ``num_proxies`` scale it linearly.
 
     Args:
         embedding_size: D of the embeddings (and the proxies).
@@ -484,7 +562,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _proxy_triplets(self, proxy_dist):
         with torch.no_grad():
             eye = torch.eye(proxy_dist.shape[0], dtype=torch.bool, device=proxy_dist.device)
-            pos = _mutual_nn(proxy_dist, self.proxy_nn_k, eye)
+            pos = _mutual_nn(proxy_dist, self.proxy_nn_k, eye, symmetric=True)
             neg = ~pos & ~eye
         return _triplets_from_masks(pos, neg, self.max_proxy_triplets)
 
