@@ -23,7 +23,9 @@ bundled glyphs the default adds the calibration at weight 0.03, chosen on 32 val
 (weights 0.03 / 0.1 / 0.3 against none, 3 seeds, then 5; ``python bench/row_validation.py``,
 ``bench/results/hier_validation.txt``): validation R@1 49.1 ± 2.7 against 49.8 ± 1.4 without it,
 failure AUROC 0.69 against 0.53, no query at the clip; on the test characters (checked, not chosen
-there) 29.1 ± 1.2 against 29.0 ± 0.7 R@1 and AUROC 0.670 against 0.509. The real benchmarks keep
+there) 29.1 ± 1.2 against 29.0 ± 0.7 R@1 and AUROC 0.670 against 0.509 (5 seeds; with stop 24's
+noise stream, 3 seeds: 28.6 ± 1.8 against 28.3 ± 1.1, AUROC 0.690 against 0.497,
+``bench/results/quality_hier_stop24.txt``). The real benchmarks keep
 the paper's setting (no calibration); add ``--radial-calibration 0.03`` for an informative radius.
 
 Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-ViT's): ViT-S/16,
