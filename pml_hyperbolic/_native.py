@@ -149,9 +149,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         uniform_rows = getattr(lib, f"pml_uniform_rows_{name}")
         uniform_rows.argtypes = [ctypes.c_uint64, ctypes.c_uint64, long_, long_, ptr]
         uniform_rows.restype = None
-        scatter = getattr(lib, f"pml_scatter_scaled_{name}")
-        scatter.argtypes = [ptr, ptr, ptr, ptr, long_, long_]
-        scatter.restype = None
+        lca_backward = getattr(lib, f"pml_lca_backward_{name}")
+        lca_backward.argtypes = [ptr, ptr, long_, ptr, ptr, ptr, ptr, ptr, long_]
+        lca_backward.restype = None
     lib.pml_vector_clones.argtypes = []
     lib.pml_vector_clones.restype = ctypes.c_int
 
@@ -450,8 +450,9 @@ _LCA_MIN_ELEMENTS_PER_THREAD = 1 << 15
 def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: float, noise, block: int,
              grads: Tensor | None, on: Tensor | None, threads: int | None = None):
     """HIER's LCA triplet rows natively (``pml_lca_rows_*`` in ``_native_tail.c``): fills ``loss``,
-    ``a``, ``b`` and, when given, ``grads`` (3, T, P) and ``on`` (3, T) exactly as
-    ``hier_loss._LCATripletLoss._run`` does with torch ops. ``noise``: None (no Gumbel noise) or a
+    ``a``, ``b`` and, when given, ``grads`` (2, T, P: the rows u¹, u² of the straight-through
+    estimator, before their routing through the maxima, which :func:`lca_backward` does) and ``on``
+    (3, T), with the formulas of ``hier_loss._LCATripletLoss._run``'s torch ops. ``noise``: None (no Gumbel noise) or a
     ``hier_loss._CounterUniform``, whose draws the C loop generates from its ``key`` where it uses them
     (the same values as the source's ``draws``). ``block`` rows at a time, shared by ``threads``
     (default: torch's count). Returns (loss, a, b), or None when the native path does not apply
@@ -461,6 +462,8 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
     if not enabled() or dist.ndim != 2 or not _usable(dist) or (grads is not None and not _usable(dist, grads, on)):
         return None
     if any(t.dtype != torch.long or t.device.type != "cpu" or not t.is_contiguous() for t in (i, j, k)):
+        return None
+    if grads is not None and tuple(grads.shape) != (2, i.numel(), dist.shape[1]):
         return None
     lib = _library()
     if lib is None:
@@ -501,26 +504,27 @@ def uniform_rows(key: int, first_row: int, rows: int, p: int, dtype: torch.dtype
     return out
 
 
-def scatter_scaled_rows(grad: Tensor, src: Tensor, indices, scale: Tensor) -> bool:
-    """In place, for r in order, ``grad.index_add_(0, indices[r], src[r] * scale[:, None])`` bit for
-    bit, one native pass per r (``pml_scatter_scaled_*``: no (rows, p) product written and read
-    back). ``grad`` (n, p), ``src`` (R, rows, p), ``scale`` (rows,) contiguous CPU tensors of one
-    dtype; ``indices`` R int64 tensors of ``rows`` values in [0, n), all checked before anything is
-    written. Returns False (nothing written) when the native path does not apply."""
-    if not enabled() or grad.ndim != 2 or src.ndim != 3 or not _usable(grad, src, scale):
+def lca_backward(grad: Tensor, dist: Tensor, i: Tensor, j: Tensor, k: Tensor, u: Tensor, scale: Tensor) -> bool:
+    """HIER's backward scatter (``pml_lca_backward_*``): adds to ``grad`` (N, P), zero or not, the rows
+    ``u`` (2, T, P) of :func:`lca_rows` routed through the maxima of ``dist`` (N, P) rows i, j, k and
+    scaled by ``scale`` (T,): per row t, ``grad[i_t] += g_i s_t``, then j, then k (the formulas in
+    ``_native_tail.c``). Contiguous CPU tensors of one dtype, int64 indices in [0, N) (checked before
+    anything is written). Returns False (nothing written) when the native path does not apply."""
+    if not enabled() or grad.ndim != 2 or u.ndim != 3 or not _usable(grad, dist, u, scale):
         return False
-    parts, rows, p = src.shape
-    if grad.shape[1] != p or scale.shape != (rows,) or len(indices) != parts:
+    n, p = dist.shape
+    rows = i.numel()
+    if grad.shape != (n, p) or u.shape != (2, rows, p) or scale.shape != (rows,):
         return False
     if any(index.shape != (rows,) or index.dtype != torch.long or index.device.type != "cpu"
-           or not index.is_contiguous() for index in indices):
+           or not index.is_contiguous() for index in (i, j, k)):
         return False
-    if rows and any(int(index.min()) < 0 or int(index.max()) >= grad.shape[0] for index in indices):
-        raise IndexError(f"index out of range [0, {grad.shape[0]})")
+    if rows and any(int(index.min()) < 0 or int(index.max()) >= n for index in (i, j, k)):
+        raise IndexError(f"index out of range [0, {n})")
     lib = _library()
     if lib is None:
         return False
-    fn = lib.pml_scatter_scaled_f32 if grad.dtype == torch.float32 else lib.pml_scatter_scaled_f64
-    for part, index in zip(src, indices):
-        fn(grad.data_ptr(), part.data_ptr(), index.data_ptr(), scale.data_ptr(), rows, p)
+    fn = lib.pml_lca_backward_f32 if grad.dtype == torch.float32 else lib.pml_lca_backward_f64
+    fn(grad.data_ptr(), dist.data_ptr(), p, i.data_ptr(), j.data_ptr(), k.data_ptr(), u.data_ptr(),
+       scale.data_ptr(), rows)
     return True

@@ -537,13 +537,12 @@ PML_ROW_TERMS(pml_row_terms_f64, double)
  *
  *     ℓ = [D_ia − D_ib + δ]₊ + [D_ja − D_jb + δ]₊ + [D_kb − D_ka + δ]₊,
  *
- * and, when grads is given, the three unit-factor gradient rows of the straight-through estimator
- * (the formulas of _LCATripletLoss's docstring): w = on₁ D_i + on₂ D_j − on₃ D_k,
- * u^r = π^r ⊙ (w − ⟨π^r, w⟩), g_k = u² [D_k > m¹], g_m = u² − g_k − u¹, g_i = g_m [D_i ≥ D_j],
- * g_j = g_m − g_i. The uniform draws in [0, 1) are generated in the loop from a counter (noise != 0;
+ * and, when grads is given, the two rows u¹, u² of the straight-through estimator (the formulas of
+ * _LCATripletLoss's docstring): w = on₁ D_i + on₂ D_j − on₃ D_k, u^r = π^r ⊙ (w − ⟨π^r, w⟩); the
+ * backward (pml_lca_backward_* below) routes them through the maxima. The uniform draws in [0, 1) are generated in the loop from a counter (noise != 0;
  * none otherwise): U^r_{t,p} = pml_uniform_*(key, 2t + r, p) below, the definition that
  * hier_loss._CounterUniform evaluates for the torch path; loss, a, b are indexed by t, grads as
- * (3, T_rows, P) and on as (3, T_rows). One pass per row over P for the maxima, one per choice,
+ * (2, T_rows, P) and on as (3, T_rows). One pass per row over P for the maxima, one per choice,
  * one for the gradients, all vectorised (the torch path: about twenty (rows × P) ops per block).
  *
  * exp and log are inline polynomial forms (the loops vectorise; libm's are scalar calls): e^x for
@@ -801,52 +800,72 @@ PML_LCA_CHOOSE(pml_lca_choose_f64, double, exp_nonpos_d, log_pos_d, pml_argmin_f
                 s1 += part1[l];                                                                      \
                 s2 += part2[l];                                                                      \
             }                                                                                        \
-            T *restrict g_i = grads + t * P;                                                         \
-            T *restrict g_j = grads + (T_rows + t) * P;                                              \
-            T *restrict g_k = grads + (2 * T_rows + t) * P;                                          \
+            T *restrict u1_out = grads + t * P;                                                      \
+            T *restrict u2_out = grads + (T_rows + t) * P;                                           \
             for (p = 0; p < P; ++p) {                                                                \
                 const T w = di[p] * on1 + dj[p] * on2 - dk[p] * on3;                                 \
-                const T u1 = z1[p] * (w - s1), u2 = z2[p] * (w - s2);                                \
-                const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
-                const T gk = dk[p] > m1 ? u2 : (T)0;                                                 \
-                const T gm = (u2 - gk) - u1;                                                         \
-                const T gi = di[p] >= dj[p] ? gm : (T)0;                                             \
-                g_k[p] = gk;                                                                         \
-                g_i[p] = gi;                                                                         \
-                g_j[p] = gm - gi;                                                                    \
+                u1_out[p] = z1[p] * (w - s1);                                                        \
+                u2_out[p] = z2[p] * (w - s2);                                                        \
             }                                                                                        \
         }                                                                                            \
     }
 PML_LCA_ROWS(pml_lca_rows_f32, float, pml_lca_choose_f32)
 PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
 
-/* HIER's backward scatter (hier_loss._LCATripletLoss.backward): for t in [0, rows), in order,
- *
- *     grad[idx[t], :] += src[t, :] * scale[t]        (p columns)
- *
- * i.e. torch.mul(src, scale[:, None]) then grad.index_add_(0, idx, ·), bit for bit: the product is
- * rounded, then added (no fused multiply-add: fp-contract off for this function), rows in index
- * order. One pass over src instead of a (rows, p) product written and read back, three times per
- * term. idx values must lie in [0, n) (checked by the caller). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define PML_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
 #else
 #define PML_NO_CONTRACT
 #endif
-#define PML_SCATTER_SCALED(NAME, T)                                                                  \
+
+/* HIER's backward (hier_loss._LCATripletLoss.backward), for t in [0, T_rows) in order, with the
+ * forward's u¹, u² rows (U: (2, T_rows, P)) routed through the maxima m¹ = max(D_i, D_j),
+ * m² = max(m¹, D_k) (ties to the first argument):
+ *
+ *     g_k = u² [D_k > m¹],  g_m = (u² − g_k) − u¹,  g_i = g_m [D_i ≥ D_j],  g_j = g_m − g_i,
+ *     grad[i_t] += g_i s_t,  grad[j_t] += g_j s_t,  grad[k_t] += g_k s_t     (s = scale),
+ *
+ * each product rounded, then added (no fused multiply-add), the three rows of t in that order. The
+ * routing is recomputed from the distances (rows of the (N, P) matrix, in cache) instead of being
+ * stored: the forward writes and this reads two (T, P) slabs instead of three. Three passes per row,
+ * one per target row (they may coincide); u¹, u², D_i, D_j, D_k stay in L1 between them. */
+#define PML_LCA_BACKWARD(NAME, T)                                                                    \
     PML_CLONES PML_NO_CONTRACT                                                                       \
-    void NAME(T *restrict grad, const T *restrict src, const int64_t *restrict idx,                 \
-              const T *restrict scale, long rows, long p)                                            \
+    void NAME(T *grad, const T *restrict dist, long P, const int64_t *restrict ii,                   \
+              const int64_t *restrict jj, const int64_t *restrict kk, const T *restrict U,            \
+              const T *restrict scale, long T_rows)                                                  \
     {                                                                                                \
-        for (long t = 0; t < rows; ++t) {                                                            \
-            T *restrict g = grad + idx[t] * p;                                                       \
-            const T *restrict s = src + t * p;                                                       \
-            const T k = scale[t];                                                                    \
-            for (long q = 0; q < p; ++q) {                                                           \
-                const T product = s[q] * k;                                                          \
-                g[q] = g[q] + product;                                                               \
+        for (long t = 0; t < T_rows; ++t) {                                                          \
+            const T *restrict di = dist + ii[t] * P;                                                 \
+            const T *restrict dj = dist + jj[t] * P;                                                 \
+            const T *restrict dk = dist + kk[t] * P;                                                 \
+            const T *restrict u1 = U + t * P;                                                        \
+            const T *restrict u2 = U + (T_rows + t) * P;                                             \
+            const T s = scale[t];                                                                    \
+            T *gi_row = grad + ii[t] * P;                                                            \
+            for (long p = 0; p < P; ++p) {                                                           \
+                const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
+                const T gk = dk[p] > m1 ? u2[p] : (T)0;                                              \
+                const T gm = (u2[p] - gk) - u1[p];                                                   \
+                const T product = (di[p] >= dj[p] ? gm : (T)0) * s;                                  \
+                gi_row[p] = gi_row[p] + product;                                                     \
+            }                                                                                        \
+            T *gj_row = grad + jj[t] * P;                                                            \
+            for (long p = 0; p < P; ++p) {                                                           \
+                const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
+                const T gk = dk[p] > m1 ? u2[p] : (T)0;                                              \
+                const T gm = (u2[p] - gk) - u1[p];                                                   \
+                const T gi = di[p] >= dj[p] ? gm : (T)0;                                             \
+                const T product = (gm - gi) * s;                                                     \
+                gj_row[p] = gj_row[p] + product;                                                     \
+            }                                                                                        \
+            T *gk_row = grad + kk[t] * P;                                                            \
+            for (long p = 0; p < P; ++p) {                                                           \
+                const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
+                const T product = (dk[p] > m1 ? u2[p] : (T)0) * s;                                   \
+                gk_row[p] = gk_row[p] + product;                                                     \
             }                                                                                        \
         }                                                                                            \
     }
-PML_SCATTER_SCALED(pml_scatter_scaled_f32, float)
-PML_SCATTER_SCALED(pml_scatter_scaled_f64, double)
+PML_LCA_BACKWARD(pml_lca_backward_f32, float)
+PML_LCA_BACKWARD(pml_lca_backward_f64, double)

@@ -182,10 +182,11 @@ def _noise_source(device: torch.device, seed: int | None = None):
     return _CounterUniform(seed), seed
 
 
-# The (3, T, P) unit-factor gradients of _LCATripletLoss, kept between calls on CPU: 50 MB at the
-# default 8,192 triplets × 512 proxies, i.e. ~12,800 fresh pages per call otherwise (two calls per
-# step, the batch's triplets and the proxies'); reusing them took the loss from 6.44x to 5.49x
-# SupCon's time (``python bench/losses.py --no-miners --threads 1`` at 7a610fd and be010eb).
+# The (T, P) slabs _LCATripletLoss keeps for its backward (two natively: u¹, u², 33 MB at the default
+# 8,192 triplets × 512 proxies; three on the torch path), kept between calls on CPU: ~8,000 fresh
+# pages per call otherwise (two calls per step, the batch's triplets and the proxies'); reusing them
+# took the loss from 6.44x to 5.49x SupCon's time (``python bench/losses.py --no-miners --threads 1``
+# at 7a610fd and be010eb).
 _SPARE_GRADS = SpareBuffers(capacity=2)
 
 
@@ -208,6 +209,16 @@ def _select_lca(m: torch.Tensor, tau: float, u: torch.Tensor | None, need_pi: bo
     q = z.sub_(z_max).exp_().div_(log_u)
     choice = _first_index_of(q, q.amin(dim=1, keepdim=True))
     return choice, (q.div_(q.sum(dim=1, keepdim=True)) if need_pi else None)
+
+
+def _route_through_maxima(dist, i, j, k, u):
+    """(g_i, g_j, g_k) from the rows u = (u¹, u²) (2, T, P): through m² = max(m¹, D_k) and
+    m¹ = max(D_i, D_j), ties to the first argument (the torch form of ``pml_lca_backward_*``)."""
+    di, dj, dk = dist[i], dist[j], dist[k]
+    g_k = torch.where(dk > torch.maximum(di, dj), u[1], torch.zeros_like(u[1]))
+    g_m = (u[1] - g_k) - u[0]
+    g_i = torch.where(di >= dj, g_m, torch.zeros_like(g_m))
+    return g_i, g_m - g_i, g_k
 
 
 class _LCATripletLoss(torch.autograd.Function):
@@ -239,12 +250,11 @@ class _LCATripletLoss(torch.autograd.Function):
     zero-valued product, bool-mask routing); that cost ~25 times PML's SupConLoss at B = 900.
 
     On CPU the rows run in the native library (:func:`pml_hyperbolic._native.lca_rows`: one pass
-    per row for the maxima, one per choice, one for the three gradient rows; the same draws, the
-    same choices, gradients equal to rounding): at B = 900, 512 proxies, 8,192 + 8,192 triplets,
-    the whole loss went from 175 to 127 ms per step on 1 thread and from 127 to 99 ms on 2
-    (``python bench/losses.py --no-miners --threads N --only HIERLoss`` before and after;
-    bench/results/hier_cpu_before_after.txt). Elsewhere, or with
-    ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below.
+    per row for the maxima, one per choice, one writing u¹ and u²; the same draws, the same choices,
+    gradients equal to rounding), and the backward routes u¹, u² through the maxima while it scatters
+    them (:func:`pml_hyperbolic._native.lca_backward`): two (T, P) slabs written and read instead of
+    three. Elsewhere, or with ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below. Timings: the Cost
+    paragraph of :class:`HIERLoss`.
     """
 
     @staticmethod
@@ -269,15 +279,16 @@ class _LCATripletLoss(torch.autograd.Function):
         loss = dist.new_empty(n)
         a = torch.empty(n, dtype=torch.long, device=dist.device)
         b = torch.empty_like(a)
-        grads = on = None
-        if need_grad:
-            grads = _SPARE_GRADS.take((3, n, p), dist)  # unit-factor d/dD_i, d/dD_j, d/dD_k of each row
-            on = dist.new_empty(3, n)  # active hinges
+        on = dist.new_empty(3, n) if need_grad else None  # active hinges
         if dist.device.type == "cpu":  # one native pass per row (same formulas, same draws)
+            u = _SPARE_GRADS.take((2, n, p), dist) if need_grad else None  # u¹, u²: routed in the backward
             done = _native.lca_rows(dist.contiguous(), i.contiguous(), j.contiguous(), k.contiguous(), tau, margin,
-                                    noise, block, grads, on)
+                                    noise, block, u, on)
             if done is not None:
-                return (*done, grads, on)
+                return (*done, u, on)
+            if u is not None:
+                _SPARE_GRADS.give(u)
+        grads = _SPARE_GRADS.take((3, n, p), dist) if need_grad else None  # unit-factor d/dD_i, d/dD_j, d/dD_k
         for start in range(0, n, block):
             rows = slice(start, start + block)
             di, dj, dk = (dist.index_select(0, idx[rows]) for idx in (i, j, k))
@@ -325,9 +336,10 @@ class _LCATripletLoss(torch.autograd.Function):
         p = grads.shape[2]
         scale = (grad_loss / ctx.tau).contiguous()
         grad = grads.new_zeros(dist.shape[0], p)
-        # grad[idx] += grads[r] · scale, row by row: natively in one pass on CPU (bit-identical to the
-        # torch ops below, which write and read back a (T, P) product three times)
-        if not _native.scatter_scaled_rows(grad, grads, (i, j, k), scale):
+        if grads.shape[0] == 2:  # the native forward's u¹, u²: routed and scattered natively in one pass
+            if not _native.lca_backward(grad, dist.contiguous(), i, j, k, grads, scale):
+                grads = torch.stack(_route_through_maxima(dist, i, j, k, grads))  # (native switched off since)
+        if grads.shape[0] == 3:  # grad[idx] += grads[r] · scale
             scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
             for r, idx in enumerate((i, j, k)):
                 grad.index_add_(0, idx, torch.mul(grads[r], scale.view(-1, 1), out=scaled))
