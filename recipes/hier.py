@@ -24,7 +24,7 @@ bundled glyphs the default adds the calibration at weight 0.03, chosen on 32 val
 ``bench/results/hier_validation.txt``): validation R@1 49.1 ± 2.7 against 49.8 ± 1.4 without it,
 failure AUROC 0.69 against 0.53, no query at the clip; on the test characters (checked, not chosen
 there) 29.1 ± 1.2 against 29.0 ± 0.7 R@1 and AUROC 0.670 against 0.509 (5 seeds; with stop 24's
-noise stream, 3 seeds: 28.6 ± 1.8 against 28.3 ± 1.1, AUROC 0.690 against 0.497,
+noise stream and backward, 3 seeds: 28.1 ± 0.6 against 28.4 ± 1.5, AUROC 0.672 against 0.489,
 ``bench/results/quality_hier_stop24.txt``). The real benchmarks keep
 the paper's setting (no calibration); add ``--radial-calibration 0.03`` for an informative radius.
 
