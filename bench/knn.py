@@ -20,7 +20,7 @@ measured in the same run:
     queries and labelled "extrapolated");
   * for reference, PML CustomKNN with hypll's PoincareBall.dist (broadcast N×M×D, batch 16) on
     --hypll-queries queries, extrapolated.
-HyperbolicIndex runs its own torch work with 1 thread (post_threads=1) and gives faiss the
+HyperbolicIndex runs its own torch work with post_threads="auto" (the caller's count on an idle machine) and gives faiss the
 caller's --threads, the same count as the faiss baseline.
 Each timing is the best wall time at --threads, with the 1-thread CPU time of the same call beside
 it (the figure a busy machine distorts least) and the load average.

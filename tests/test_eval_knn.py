@@ -136,11 +136,13 @@ def test_post_threads_restores_thread_counts_and_validates():
 
     x = ball_points(300, 8, 0.1, 0.9, seed=13)
     before = torch.get_num_threads(), faiss.omp_get_max_threads()
-    HyperbolicKNN(c=0.1, post_threads=1)(x, 5, x, True)
-    HyperbolicKNN(c=0.1, post_threads=None)(x, 5, x, True)
+    results = [HyperbolicKNN(c=0.1, post_threads=threads)(x, 5, x, True) for threads in (1, None, "auto", 2)]
     assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == before
-    with pytest.raises(ValueError, match="post_threads"):
-        HyperbolicIndex(c=0.1, post_threads=0)
+    for d, i in results[1:]:  # the thread count of the work around faiss does not change the result
+        assert torch.equal(d, results[0][0]) and torch.equal(i, results[0][1])
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(ValueError, match="post_threads"):
+            HyperbolicIndex(c=0.1, post_threads=bad)
 
 
 def test_self_query_cache_sees_in_place_edits():
@@ -387,3 +389,18 @@ def test_faiss_threads_follow_the_load_and_results_do_not_depend_on_them(monkeyp
     finally:
         torch.set_num_threads(before[0])
         faiss.omp_set_num_threads(before[1])
+
+
+def test_self_retrieval_reuses_the_lift_and_equals_a_fresh_query():
+    """Searching the added tensor itself (the lift add() kept, divided in place) gives what a copy of
+    it gives as an ordinary query, bit for bit; a second self search (lift consumed) too."""
+    x = ball_points(700, 12, 0.3, 0.95, seed=21)
+    index = HyperbolicIndex(c=0.3).add(x)
+    assert index._pending_self_lift is not None
+    first = index.search(x, 6, query_ids=torch.arange(700))
+    assert index._pending_self_lift is None and index._query_cache is None
+    again = index.search(x, 6, query_ids=torch.arange(700))
+    copy = HyperbolicIndex(c=0.3).add(x).search(x.clone(), 6, query_ids=torch.arange(700))
+    for got in (again, copy):
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    assert torch.equal(first[1], brute_force(x, x, 6, 0.3, True)[1])

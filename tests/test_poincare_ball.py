@@ -244,9 +244,25 @@ def test_bad_curvature_types():
 
 def test_check_finite():
     pb.check_finite(torch.zeros(3))
+    pb.check_finite(torch.zeros(0, 4))  # empty: nothing to check
+    pb.check_finite(torch.full((5,), 3e38))  # large but finite
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="emb.*NaN/Inf"):
             pb.check_finite(torch.tensor([0.0, bad]), "emb")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_check_finite_finds_every_kind_anywhere(dtype):
+    """The extremes-based check (one aminmax) against isfinite: NaN, +inf and -inf at the first, a
+    middle and the last position, among values of both signs, with and without autograd."""
+    g = torch.Generator().manual_seed(0)
+    for bad, count in ((float("nan"), 1), (float("inf"), 1), (-float("inf"), 1), (float("nan"), 3)):
+        for position in (0, 517, 1023):
+            x = torch.randn(1024, generator=g).to(dtype)
+            x[position] = bad
+            x[(position + 7) % 1024: (position + 7) % 1024 + count - 1] = bad
+            with pytest.raises(ValueError, match=f"contains {count} NaN/Inf"):
+                pb.check_finite(x.view(32, 32).requires_grad_(), "emb")
 
 
 # ---------------------------------------------------------------- dtypes and shapes

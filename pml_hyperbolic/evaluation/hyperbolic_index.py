@@ -84,6 +84,9 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
     faiss = None
 
 _U32 = 2.0 ** -24
+# The float64 lift of one added tensor of at most this many rows is kept for the self-retrieval
+# search that usually follows (16 MB at D = 128; the Cars, CUB and In-Shop galleries fit)
+_KEPT_LIFT_ROWS = 16384
 
 
 def _as_2d_float_tensor(x, name: str) -> Tensor:
@@ -99,9 +102,24 @@ def _as_2d_float_tensor(x, name: str) -> Tensor:
     return x.detach()
 
 
-def _one_minus_cx2(x: Tensor, c: float) -> Tensor:
-    """float64 :math:`1 - c\\|x\\|^2` per row (the conformal denominators), clamped above 0."""
-    return (1 - c * (x * x).sum(-1)).clamp_min(torch.finfo(torch.float64).tiny)
+def _conformal_terms(x: Tensor, c: float):
+    """float64 (:math:`c\\|x\\|^2`, :math:`1 - c\\|x\\|^2` clamped above 0) per row of float64 ``x``: the
+    terms of the Lorentz lift and the conformal denominators of the distance (the values
+    :func:`pb.to_lorentz` computes, bit for bit)."""
+    cx2 = c * (x * x).sum(-1)
+    return cx2, (1 - cx2).clamp_min(torch.finfo(torch.float64).tiny)
+
+
+def _lift32(x: Tensor, cx2: Tensor, den: Tensor, c: float):
+    """(float32 Lorentz lift :math:`((1 + c\\|x\\|^2)/(\\sqrt c\\,(1 - c\\|x\\|^2)),\\ 2x/(1 - c\\|x\\|^2))`, float64
+    :math:`X_0`, float64 :math:`X_{1:}`): ``pb.to_lorentz(x, c).to(torch.float32)`` bit for bit,
+    without the float64 (N, D + 1) concatenation."""
+    x0 = (1 + cx2) / (math.sqrt(c) * den)
+    tail = torch.mul(x, 2).div_(den[:, None])
+    out = torch.empty(x.shape[0], x.shape[1] + 1, dtype=torch.float32)
+    out[:, 0] = x0
+    out[:, 1:] = tail
+    return out, x0, tail
 
 
 def _dist_from_diff(diff: Tensor, bx: Tensor, by: Tensor, c: float) -> Tensor:
@@ -138,11 +156,14 @@ class HyperbolicIndex:
         project: project inputs onto the ball first, with the margin of their dtype
             (:func:`pb.project`; points on/outside the ball have no distance).
         post_threads: torch intra-op threads for the work around the faiss calls (lift, exact
-            distances, sorting); ``None`` keeps torch's setting. That work is small memory-bound
-            element-wise passes; measured on a loaded 2-core machine, 2 threads made it ~3x slower
-            than 1 (barrier waits), so the default is 1. faiss itself runs with the thread count
-            that was set before the call, or fewer when other processes hold the cores
-            (:func:`~pml_hyperbolic.threads.uncontended_threads`).
+            distances, sorting): ``"auto"`` (default) = torch's count on an idle machine, fewer,
+            down to 1, when other processes hold the cores
+            (:func:`~pml_hyperbolic.threads.uncontended_threads`, read at each call); an int = that
+            many; ``None`` keeps torch's setting. That work is small memory-bound passes: on a loaded
+            2-core machine 2 threads made it ~3x slower than 1 (barrier waits), on an idle one they
+            shorten it (part of the Cars-size search's 1.48-1.56x -> 1.20-1.37x faiss's wall time at
+            stop 24, ``bench/results/knn_cars_stop24.txt``). The results do not depend on it. faiss itself runs with the thread count that was set before
+            the call, or fewer when other processes hold the cores (the same rule).
         exact_ranks: ``None`` (default) = the order is exact at every rank. A tuple of ranks K
             (e.g. the Recall@K list) = the *set* of the first K neighbours is exact for each K
             given and for k itself, and every returned distance is within ``rtol``; between those
@@ -170,7 +191,7 @@ class HyperbolicIndex:
         hnsw_m: int = 32,
         ef_search: int = 128,
         project: bool = True,
-        post_threads: Optional[int] = 1,
+        post_threads="auto",
         exact_ranks=None,
     ):
         self.c = float(pb.as_curvature(c, torch.float64).detach())
@@ -192,8 +213,10 @@ class HyperbolicIndex:
             raise ImportError("HyperbolicIndex needs faiss (pip install faiss-cpu)")
         if error_model not in ("typical", "rigorous"):
             raise ValueError(f"error_model must be 'typical' or 'rigorous', got {error_model!r}")
-        if post_threads is not None and int(post_threads) < 1:
-            raise ValueError(f"post_threads must be None or >= 1, got {post_threads}")
+        if not (post_threads is None or (isinstance(post_threads, str) and post_threads == "auto")
+                or (isinstance(post_threads, (int, np.integer)) and not isinstance(post_threads, bool)
+                    and post_threads >= 1)):
+            raise ValueError(f"post_threads must be 'auto', None or an int >= 1, got {post_threads!r}")
         self.kind = kind
         self.error_model = error_model
         self.rtol = float(rtol)
@@ -203,7 +226,7 @@ class HyperbolicIndex:
         self.hnsw_m = int(hnsw_m)
         self.ef_search = int(ef_search)
         self.project = project
-        self.post_threads = None if post_threads is None else int(post_threads)
+        self.post_threads = post_threads if post_threads in (None, "auto") else int(post_threads)
         self.reset()
 
     # ------------------------------------------------------------------ building
@@ -213,6 +236,9 @@ class HyperbolicIndex:
         self._dtype = None  # dtype of the distances returned for float32 queries (promoted)
         self._norms = None  # float64 (N,) |Y_j| of the float32 lifted vectors
         self._bball = None  # float64 (N,) 1 - c|y_j|^2
+        self._cx2 = None  # float64 (N,) c|y_j|^2
+        self._query_cache = None  # (query block, its conformal terms): the last block searched
+        self._pending_self_lift = None  # float64 X_{1:} of the one added tensor, until the next search
         self._ball32 = None  # float32 copy of _ball when that is exact (float32 inputs)
         self._added_src = None
         self._index = None
@@ -224,13 +250,16 @@ class HyperbolicIndex:
         return 0 if self._ball is None else int(self._ball.shape[0])
 
     def _prepare(self, x, name: str):
-        """(float64 points, dtype of the distances they ask for): projected with the margin of
-        their own dtype, as :class:`PoincareDistance` does."""
+        """(float64 points, dtype of the distances they ask for, the float32 points or None):
+        projected with the margin of their own dtype, as :class:`PoincareDistance` does. The third is
+        the projected input itself when it is float32 (its float64 copy is then exact: no check
+        needed for the float32 shortcuts of :meth:`_exact_pairs`)."""
         x = _as_2d_float_tensor(x, name)
         dtype = pb.compute_dtype(x.dtype)
         if self.project:
             x = pb.project(x, self.c)
-        return x.to(torch.float64), dtype
+        x32 = x.cpu() if x.dtype == torch.float32 else None
+        return x.to(torch.float64), dtype, x32
 
     def _new_faiss_index(self, dim: int):
         if self.kind == "flat":
@@ -255,7 +284,9 @@ class HyperbolicIndex:
         # barriers still wait for descheduled threads: there it gets 1 thread
         self._faiss_threads = uncontended_threads(faiss_threads) if faiss_threads > 1 else 1
         try:
-            if self.post_threads is not None:
+            if self.post_threads == "auto":
+                torch.set_num_threads(uncontended_threads(torch_threads) if torch_threads > 1 else 1)
+            elif self.post_threads is not None:
                 torch.set_num_threads(self.post_threads)
             return fn(*args)
         finally:
@@ -267,7 +298,7 @@ class HyperbolicIndex:
         return self._with_threads(self._add, reference)
 
     def _add(self, reference) -> "HyperbolicIndex":
-        ref, dtype = self._prepare(reference, "reference")
+        ref, dtype, ref32 = self._prepare(reference, "reference")
         # remember the (only) added tensor so that search(query=the same tensor) skips _prepare
         self._added_src = reference if self._ball is None else None
         self._added_version = getattr(reference, "_version", None)  # detects in-place edits
@@ -281,9 +312,16 @@ class HyperbolicIndex:
             self._dim = ref.shape[1]
             self._index = self._new_faiss_index(self._dim + 1)
         ref = ref.cpu()
+        cx2, den = _conformal_terms(ref, self.c)
         norms = []
+        self._pending_self_lift = None
         for start in range(0, ref.shape[0], 65536):
-            Y32 = pb.to_lorentz(ref[start : start + 65536], self.c).to(torch.float32)
+            chunk = slice(start, start + 65536)
+            Y32, _, tail = _lift32(ref[chunk], cx2[chunk], den[chunk], self.c)
+            if self._ball is None and ref.shape[0] <= _KEPT_LIFT_ROWS:
+                # self-retrieval usually follows: its queries' Q_{1:} = X_{1:} / X_0 starts from this
+                self._pending_self_lift = tail
+            del tail
             nrm = torch.linalg.vector_norm(Y32.double(), dim=1)
             norms.append(nrm)
             if self.kind == "hnsw":
@@ -298,8 +336,11 @@ class HyperbolicIndex:
         norms = torch.cat(norms)
         self._ball = ref if self._ball is None else torch.cat([self._ball, ref])
         self._dtype = dtype if self._dtype is None else torch.promote_types(self._dtype, dtype)
-        self._bball = _one_minus_cx2(self._ball, self.c)
-        self._ball32 = None  # float32 copy, made on first use (_get_ball32)
+        self._cx2 = cx2 if self._cx2 is None else torch.cat([self._cx2, cx2])
+        self._bball = den if self._bball is None else torch.cat([self._bball, den])
+        self._query_cache = None
+        # float32 copy: the input itself when one float32 tensor was added, else made on first use
+        self._ball32 = ref32 if (ref32 is not None and self._ball is ref) else None
         self._norms = norms if self._norms is None else torch.cat([self._norms, norms])
         return self
 
@@ -325,9 +366,9 @@ class HyperbolicIndex:
         device = query.device if isinstance(query, Tensor) else torch.device("cpu")
         if (self._added_src is not None and query is self._added_src
                 and getattr(query, "_version", None) == self._added_version):
-            q, q_dtype = self._ball, self._dtype  # self-retrieval: prepared by add() already
+            q, q_dtype, q32_input = self._ball, self._dtype, None  # self-retrieval: prepared by add() already
         else:
-            q, q_dtype = self._prepare(query, "query")
+            q, q_dtype, q32_input = self._prepare(query, "query")
             q = q.cpu()
         if q.shape[1] != self._dim:
             raise ValueError(
@@ -357,6 +398,8 @@ class HyperbolicIndex:
         if self._get_ball32() is not None:
             if q is self._ball:
                 q32 = self._get_ball32()
+            elif q32_input is not None:
+                q32 = q32_input
             else:
                 q32 = q.to(torch.float32)
                 q32 = q32 if torch.equal(q32.double(), q) else None
@@ -364,10 +407,11 @@ class HyperbolicIndex:
         for start in range(0, m, rows):
             stop = min(m, start + rows)
             ids = query_ids[start:stop] if excl else None
-            d, i = self._search_batch(q[start:stop], k, ids, None if q32 is None else q32[start:stop],
-                                      out_dtype)
+            block = q if (start == 0 and stop == m) else q[start:stop]  # the whole set: its cached terms
+            d, i = self._search_batch(block, k, ids, None if q32 is None else q32[start:stop], out_dtype)
             out_d[start:stop] = d
             out_i[start:stop] = i
+        self._query_cache = None  # (do not keep the last query block alive)
         return out_d.to(device), out_i.to(device)
 
     def _margin(self, k: int) -> int:
@@ -404,11 +448,17 @@ class HyperbolicIndex:
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
         kk = min(n, kk_needed + self._margin(k))
-        X = pb.to_lorentz(q, self.c)
-        X0 = X[:, 0].clone()
-        Q = X.div_(X0[:, None])
-        Q[:, 0] = -1.0
-        Q32 = Q.to(torch.float32)
+        cx2, den = self._query_terms(q)
+        X0 = (1 + cx2) / (math.sqrt(self.c) * den)
+        # Q = X / X_0 with Q_0 = -1, rounded to float32 (the lift's X_{1:} = 2q / (1 - c|q|^2) divided
+        # by X_0: the operations of pb.to_lorentz, then the division, bit for bit)
+        Q32 = torch.empty(q.shape[0], q.shape[1] + 1, dtype=torch.float32)
+        Q32[:, 0] = -1.0
+        pending, self._pending_self_lift = self._pending_self_lift, None
+        if q is self._ball and pending is not None:  # the lift add() computed, divided in place
+            Q32[:, 1:] = pending.div_(X0[:, None])
+        else:
+            Q32[:, 1:] = torch.mul(q, 2).div_(den[:, None]).div_(X0[:, None])
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         s, idx = self._faiss_search(Q32, kk)
         if self.kind == "hnsw":
@@ -597,6 +647,16 @@ class HyperbolicIndex:
             return (D / 2 + 3) * _U32 * 1.01 + 1e-12
         return 2.0 * (math.sqrt(D) + 3) * _U32 + 1e-12
 
+    def _query_terms(self, q: Tensor):
+        """(c|q|², 1 - c|q|²) per row of the query block ``q``: the references' own when ``q`` is the
+        reference set (self-retrieval), else computed once per block and kept for its later calls."""
+        if q is self._ball:
+            return self._cx2, self._bball
+        cached = self._query_cache
+        if cached is None or cached[0] is not q:
+            cached = self._query_cache = (q, *_conformal_terms(q, self.c))
+        return cached[1], cached[2]
+
     def _exact_pairs(self, q: Tensor, rows: Tensor, cols: Tensor, q32=None) -> Tensor:
         """float64 distances of (query row, reference index) pairs by :func:`_dist_from_diff`, in
         chunks of 2^15 pairs (a few MB gathered at a time). With ``q32`` (the float32 queries,
@@ -606,16 +666,16 @@ class HyperbolicIndex:
         # float64 differences from float32 inputs: gathering the float32 copy and subtracting in
         # float64 is bit-identical to gathering the float64 rows, with half the memory traffic
         source = ball32 if ball32 is not None else self._ball
-        bq = _one_minus_cx2(q, self.c)
+        bq = self._query_terms(q)[1]
         out = torch.empty(rows.shape[0], dtype=torch.float64)
         step = 1 << 15
         for a in range(0, rows.shape[0], step):
             r, cc = rows[a: a + step], cols[a: a + step]
-            diff = source.index_select(0, cc)
+            diff = _gather_rows(source, cc)
             if fast:
-                diff.sub_(q32.index_select(0, r))
+                diff.sub_(_gather_rows(q32, r))
             else:
-                diff = diff.to(torch.float64).sub_(q.index_select(0, r))
+                diff = diff.to(torch.float64).sub_(_gather_rows(q, r))
             out[a: a + step] = _dist_from_diff(diff, bq.index_select(0, r),
                                                self._bball.index_select(0, cc), self.c)
         return out
@@ -631,7 +691,7 @@ class HyperbolicIndex:
         rows_per_block = 16
         # ~16 MB temporaries: the allocator reuses them (larger ones are fresh pages every time)
         chunk = max(k, (1 << 21) // max(1, rows_per_block * D))
-        bq_all = _one_minus_cx2(q, self.c)
+        bq_all = self._query_terms(q)[1]
         for a in range(0, B, rows_per_block):
             x = q[a: a + rows_per_block]
             best_d = torch.full((x.shape[0], 0), math.inf, dtype=torch.float64)
@@ -648,6 +708,14 @@ class HyperbolicIndex:
                 best_d, best_i = cat_d.gather(1, keep), cat_i.gather(1, keep)
             out_d[a: a + rows_per_block], out_i[a: a + rows_per_block] = best_d, best_i
         return out_d, out_i
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x.index_select(0, index)`` (a copy of the rows): on CPU by numpy's ``take``, 0.83 against
+    2.1 ms for 19,906 rows of 128 float32 (aten's gather faults in a fresh output every call)."""
+    if x.device.type == "cpu" and index.device.type == "cpu" and x.dim() == 2:
+        return torch.from_numpy(np.take(x.numpy(), index.numpy(), axis=0))
+    return x.index_select(0, index)
 
 
 def _expand_ranges(rows: Tensor, starts: Tensor, lengths: Tensor):
