@@ -25,8 +25,9 @@ default before), 1e-5 +0.2 ± 0.5; hyperbolic weight 1 -0.1 ± 0.5 against the p
 views) +0.6 ± 0.3 against the crop's +1.6. On 64 validation characters per carve every rate ties the
 features (+0.3 ± 0.3 at 3e-5, +0.0 ± 0.2 at 1e-4), and on the test characters (checked after the choice,
 ``python bench/quality.py --datasets glyphs --rows raw,hcl,hcl_font``) HCL reads 14.4 ± 0.4 against the
-features' 15.5: **below its starting point**, the one method of issue 13 item 4 that stays there. MoCo's
-instance discrimination pushes apart the same character in two typefaces, the pairs retrieval must join.
+features' 15.5: **below its starting point**, the one method of issue 13 item 4 that stays there. Neither
+fewer false negatives (a queue of 256: +0.3 ± 0.3 on 64 validation characters, as with 4,096;
+``bench/results/hcl_validation_stop24.txt``) nor a temperature, view or rate change moved it by a point.
 ``--annotations`` (COCO-style data) keeps the paper's values (lr 0.03, weight 0.1, MoCo v2's photo augmentation).
 The glyph preset still freezes the trunk (a CPU demo); ``--freeze-trunk false`` trains it at that lr.
 
