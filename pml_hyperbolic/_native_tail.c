@@ -624,7 +624,7 @@ PML_INLINE double pml_uniform_f64(uint32_t lo, uint32_t hi, uint32_t p)
     return (double)(int64_t)bits * 0x1p-53;
 }
 
-/* The draws themselves (for the tests and hier_loss's check): out[r][p] = U of stream
+/* The draws themselves (for the tests, against hier_loss's numpy form): out[r][p] = U of stream
  * `first_row + r`, for r < rows, p < P. */
 #define PML_UNIFORM_ROWS(NAME, T, UNIFORM)                                                           \
     void NAME(uint64_t key, uint64_t first_row, long rows, long P, T *restrict out)                  \
