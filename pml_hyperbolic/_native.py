@@ -150,7 +150,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         uniform_rows.argtypes = [ctypes.c_uint64, ctypes.c_uint64, long_, long_, ptr]
         uniform_rows.restype = None
         lca_backward = getattr(lib, f"pml_lca_backward_{name}")
-        lca_backward.argtypes = [ptr, ptr, long_, ptr, ptr, ptr, ptr, ptr, long_]
+        lca_backward.argtypes = [ptr, ptr, long_, ptr, ptr, ptr, ptr, ptr, long_, long_, long_]
         lca_backward.restype = None
     lib.pml_vector_clones.argtypes = []
     lib.pml_vector_clones.restype = ctypes.c_int
@@ -504,12 +504,15 @@ def uniform_rows(key: int, first_row: int, rows: int, p: int, dtype: torch.dtype
     return out
 
 
-def lca_backward(grad: Tensor, dist: Tensor, i: Tensor, j: Tensor, k: Tensor, u: Tensor, scale: Tensor) -> bool:
+def lca_backward(grad: Tensor, dist: Tensor, i: Tensor, j: Tensor, k: Tensor, u: Tensor, scale: Tensor,
+                 threads: int | None = None) -> bool:
     """HIER's backward scatter (``pml_lca_backward_*``): adds to ``grad`` (N, P), zero or not, the rows
     ``u`` (2, T, P) of :func:`lca_rows` routed through the maxima of ``dist`` (N, P) rows i, j, k and
     scaled by ``scale`` (T,): per row t, ``grad[i_t] += g_i s_t``, then j, then k (the formulas in
     ``_native_tail.c``). Contiguous CPU tensors of one dtype, int64 indices in [0, N) (checked before
-    anything is written). Returns False (nothing written) when the native path does not apply."""
+    anything is written). ``threads`` (default torch's count) take disjoint ranges of grad's rows, each
+    scanning every t in order: the same additions in the same order as one thread, bit for bit.
+    Returns False (nothing written) when the native path does not apply."""
     if not enabled() or grad.ndim != 2 or u.ndim != 3 or not _usable(grad, dist, u, scale):
         return False
     n, p = dist.shape
@@ -525,6 +528,10 @@ def lca_backward(grad: Tensor, dist: Tensor, i: Tensor, j: Tensor, k: Tensor, u:
     if lib is None:
         return False
     fn = lib.pml_lca_backward_f32 if grad.dtype == torch.float32 else lib.pml_lca_backward_f64
-    fn(grad.data_ptr(), dist.data_ptr(), p, i.data_ptr(), j.data_ptr(), k.data_ptr(), u.data_ptr(),
-       scale.data_ptr(), rows)
+    threads = max(1, torch.get_num_threads() if threads is None else int(threads))
+    parts = max(1, min(threads, n, 3 * rows * p // _LCA_MIN_ELEMENTS_PER_THREAD))
+    bounds = [n * q // parts for q in range(parts + 1)]
+    fixed = (grad.data_ptr(), dist.data_ptr(), p, i.data_ptr(), j.data_ptr(), k.data_ptr(), u.data_ptr(),
+             scale.data_ptr(), rows)
+    _in_parallel([functools.partial(fn, *fixed, bounds[q], bounds[q + 1]) for q in range(parts)])
     return True

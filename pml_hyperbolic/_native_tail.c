@@ -828,14 +828,22 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
  * each product rounded, then added (no fused multiply-add), the three rows of t in that order. The
  * routing is recomputed from the distances (rows of the (N, P) matrix, in cache) instead of being
  * stored: the forward writes and this reads two (T, P) slabs instead of three. Three passes per row,
- * one per target row (they may coincide); u¹, u², D_i, D_j, D_k stay in L1 between them. */
+ * one per target row (they may coincide); u¹, u², D_i, D_j, D_k stay in L1 between them. Only target
+ * rows in [row_begin, row_end) are written: threads given disjoint ranges scan every t in the same
+ * order, so each row of grad receives the same additions in the same order as on one thread. */
 #define PML_LCA_BACKWARD(NAME, T)                                                                    \
     PML_CLONES PML_NO_CONTRACT                                                                       \
     void NAME(T *grad, const T *restrict dist, long P, const int64_t *restrict ii,                   \
               const int64_t *restrict jj, const int64_t *restrict kk, const T *restrict U,            \
-              const T *restrict scale, long T_rows)                                                  \
+              const T *restrict scale, long T_rows, long row_begin, long row_end)                    \
     {                                                                                                \
         for (long t = 0; t < T_rows; ++t) {                                                          \
+            const int do_i = ii[t] >= row_begin && ii[t] < row_end;                                  \
+            const int do_j = jj[t] >= row_begin && jj[t] < row_end;                                  \
+            const int do_k = kk[t] >= row_begin && kk[t] < row_end;                                  \
+            if (!(do_i || do_j || do_k))                                                             \
+                continue;                                                                            \
+            const long n_i = do_i ? P : 0, n_j = do_j ? P : 0, n_k = do_k ? P : 0;                   \
             const T *restrict di = dist + ii[t] * P;                                                 \
             const T *restrict dj = dist + jj[t] * P;                                                 \
             const T *restrict dk = dist + kk[t] * P;                                                 \
@@ -843,7 +851,7 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
             const T *restrict u2 = U + (T_rows + t) * P;                                             \
             const T s = scale[t];                                                                    \
             T *gi_row = grad + ii[t] * P;                                                            \
-            for (long p = 0; p < P; ++p) {                                                           \
+            for (long p = 0; p < n_i; ++p) {                                                         \
                 const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
                 const T gk = dk[p] > m1 ? u2[p] : (T)0;                                              \
                 const T gm = (u2[p] - gk) - u1[p];                                                   \
@@ -851,7 +859,7 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
                 gi_row[p] = gi_row[p] + product;                                                     \
             }                                                                                        \
             T *gj_row = grad + jj[t] * P;                                                            \
-            for (long p = 0; p < P; ++p) {                                                           \
+            for (long p = 0; p < n_j; ++p) {                                                         \
                 const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
                 const T gk = dk[p] > m1 ? u2[p] : (T)0;                                              \
                 const T gm = (u2[p] - gk) - u1[p];                                                   \
@@ -860,7 +868,7 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
                 gj_row[p] = gj_row[p] + product;                                                     \
             }                                                                                        \
             T *gk_row = grad + kk[t] * P;                                                            \
-            for (long p = 0; p < P; ++p) {                                                           \
+            for (long p = 0; p < n_k; ++p) {                                                         \
                 const T m1 = di[p] > dj[p] ? di[p] : dj[p];                                          \
                 const T product = (dk[p] > m1 ? u2[p] : (T)0) * s;                                   \
                 gk_row[p] = gk_row[p] + product;                                                     \

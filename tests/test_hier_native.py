@@ -206,7 +206,11 @@ def test_lca_backward_equals_routing_then_index_add(dtype):
         for part, index in zip(H._route_through_maxima(dist, i, j, k, u), (i, j, k)):
             expected.index_add_(0, index, part * scale[:, None])
         got = base.clone()
-        assert _native.lca_backward(got, dist, i, j, k, u, scale)
+        assert _native.lca_backward(got, dist, i, j, k, u, scale, threads=1)
+        for threads in (2, 3):  # disjoint ranges of grad's rows: the same additions in the same order
+            split = base.clone()
+            assert _native.lca_backward(split, dist, i, j, k, u, scale, threads=threads)
+            assert torch.equal(split, got)
         if distinct:
             assert torch.equal(got, expected)
         else:

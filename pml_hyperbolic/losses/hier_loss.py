@@ -411,9 +411,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     slabs for the backward; its temporaries are blocks of ~2¹⁸ elements.
 
     **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one forward and
-    backward takes 78–92 ms on 1 CPU thread, 1.72–1.80× PML's ``SupConLoss`` in the same run
+    backward takes 78–92 ms on 1 CPU thread, 1.72–1.83× PML's ``SupConLoss`` in the same run
     (``python bench/losses.py --no-miners --threads 1 --only HIERLoss SupCon``;
-    bench/results/hier_cpu_stop24.txt; 129–138 ms, 2.9–3.1× before stop 24); the Gumbel noise (a hashed
+    bench/results/hier_cpu_stop24.txt; 129–150 ms, 2.9–3.3× before stop 24); the Gumbel noise (a hashed
     draw, a logarithm and a division per triplet-proxy pair) is about a third of it. ``max_triplets``, ``max_proxy_triplets`` and
     ``num_proxies`` scale it linearly.
 
