@@ -1,3 +1,4 @@
+import math
 import numpy as np
 import pytest
 import torch
@@ -404,3 +405,21 @@ def test_self_retrieval_reuses_the_lift_and_equals_a_fresh_query():
     for got in (again, copy):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
     assert torch.equal(first[1], brute_force(x, x, 6, 0.3, True)[1])
+
+
+def test_max_lifted_norm_equals_the_full_maximum():
+    """The error bound's max_j |Y_j| from the few rows that can hold it equals the maximum over every
+    float32 lifted row, bit for bit: random radii, near the boundary, and many rows of one exact norm
+    (different directions round differently)."""
+    from pml_hyperbolic.evaluation import hyperbolic_index as H
+
+    g = torch.Generator().manual_seed(5)
+    for c, radius_scale in ((0.1, 0.5), (1.0, 0.999), (0.3, 0.9)):
+        v = torch.randn(3000, 24, generator=g, dtype=torch.float64)
+        same_norm = v[:1000] / v[:1000].norm(dim=1, keepdim=True)  # 1,000 rows of one norm
+        v = torch.cat([same_norm, v[1000:] / v[1000:].norm(dim=1, keepdim=True) * torch.rand(2000, 1, generator=g)])
+        x = (v * radius_scale / math.sqrt(c)).float().double()
+        cx2, den = H._conformal_terms(x, c)
+        Y32, y0, _ = H._lift32(x, cx2, den, c)
+        full = torch.linalg.vector_norm(Y32.double(), dim=1).max()
+        assert torch.equal(H._max_lifted_norm(Y32, y0, cx2, den, c), full.reshape(1))

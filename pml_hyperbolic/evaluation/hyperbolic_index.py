@@ -115,7 +115,7 @@ def _lift32(x: Tensor, cx2: Tensor, den: Tensor, c: float):
     :math:`X_0`, float64 :math:`X_{1:}`): ``pb.to_lorentz(x, c).to(torch.float32)`` bit for bit,
     without the float64 (N, D + 1) concatenation."""
     x0 = (1 + cx2) / (math.sqrt(c) * den)
-    tail = torch.mul(x, 2).div_(den[:, None])
+    tail = torch.div(x, (0.5 * den)[:, None])  # 2x / den in one pass (halving den is exact)
     out = torch.empty(x.shape[0], x.shape[1] + 1, dtype=torch.float32)
     out[:, 0] = x0
     out[:, 1:] = tail
@@ -161,7 +161,7 @@ class HyperbolicIndex:
             (:func:`~pml_hyperbolic.threads.uncontended_threads`, read at each call); an int = that
             many; ``None`` keeps torch's setting. That work is small memory-bound passes: on a loaded
             2-core machine 2 threads made it ~3x slower than 1 (barrier waits), on an idle one they
-            shorten it (part of the Cars-size search's 1.48-1.56x -> 1.20-1.37x faiss's wall time at
+            shorten it (part of the Cars-size search's 1.48-1.68x -> 1.20-1.37x faiss's wall time at
             stop 24, ``bench/results/knn_cars_stop24.txt``). The results do not depend on it. faiss itself runs with the thread count that was set before
             the call, or fewer when other processes hold the cores (the same rule).
         exact_ranks: ``None`` (default) = the order is exact at every rank. A tuple of ranks K
@@ -234,7 +234,7 @@ class HyperbolicIndex:
         """Empty the index."""
         self._ball = None  # float64 (N, D) reference ball coordinates (exact recomputation)
         self._dtype = None  # dtype of the distances returned for float32 queries (promoted)
-        self._norms = None  # float64 (N,) |Y_j| of the float32 lifted vectors
+        self._norms = None  # float64 |Y_j| of the float32 lifted vectors: all (hnsw) or each add's largest (flat)
         self._bball = None  # float64 (N,) 1 - c|y_j|^2
         self._cx2 = None  # float64 (N,) c|y_j|^2
         self._query_cache = None  # (query block, its conformal terms): the last block searched
@@ -317,12 +317,15 @@ class HyperbolicIndex:
         self._pending_self_lift = None
         for start in range(0, ref.shape[0], 65536):
             chunk = slice(start, start + 65536)
-            Y32, _, tail = _lift32(ref[chunk], cx2[chunk], den[chunk], self.c)
+            Y32, y0, tail = _lift32(ref[chunk], cx2[chunk], den[chunk], self.c)
             if self._ball is None and ref.shape[0] <= _KEPT_LIFT_ROWS:
                 # self-retrieval usually follows: its queries' Q_{1:} = X_{1:} / X_0 starts from this
                 self._pending_self_lift = tail
             del tail
-            nrm = torch.linalg.vector_norm(Y32.double(), dim=1)
+            if self.kind == "hnsw":  # every |Y_j| (the extra coordinate)
+                nrm = torch.linalg.vector_norm(Y32.double(), dim=1)
+            else:  # only max_j |Y_j| enters the error bound
+                nrm = _max_lifted_norm(Y32, y0, cx2[chunk], den[chunk], self.c)
             norms.append(nrm)
             if self.kind == "hnsw":
                 if self._mips_m is None:
@@ -458,7 +461,7 @@ class HyperbolicIndex:
         if q is self._ball and pending is not None:  # the lift add() computed, divided in place
             Q32[:, 1:] = pending.div_(X0[:, None])
         else:
-            Q32[:, 1:] = torch.mul(q, 2).div_(den[:, None]).div_(X0[:, None])
+            Q32[:, 1:] = torch.div(q, (0.5 * den)[:, None]).div_(X0[:, None])
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         s, idx = self._faiss_search(Q32, kk)
         if self.kind == "hnsw":
@@ -716,6 +719,17 @@ def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
     if x.device.type == "cpu" and index.device.type == "cpu" and x.dim() == 2:
         return torch.from_numpy(np.take(x.numpy(), index.numpy(), axis=0))
     return x.index_select(0, index)
+
+
+def _max_lifted_norm(Y32: Tensor, y0: Tensor, cx2: Tensor, den: Tensor, c: float) -> Tensor:
+    """(1,) float64: :math:`\\max_j \\|Y_j\\|` over the float32 lifted rows, the value
+    ``vector_norm(Y32.double(), dim=1).max()`` gives, from the few rows that can hold it: a float32
+    row's norm is within 2⁻²⁴ (relative) of the exact :math:`\\|Y_j\\|^2 = Y_0^2 + 4\\|x\\|^2/(1 - c\\|x\\|^2)^2`
+    (known in float64 from the lift's terms), so a row whose exact norm is below the largest by more
+    than 2⁻²⁰ cannot be the largest once rounded."""
+    exact = (y0 * y0 + (4.0 / c) * cx2 / (den * den)).sqrt_()
+    close = (exact >= exact.max() * (1.0 - 2.0 ** -20)).nonzero().squeeze(1)
+    return torch.linalg.vector_norm(Y32.index_select(0, close).double(), dim=1).max().reshape(1)
 
 
 def _expand_ranges(rows: Tensor, starts: Tensor, lengths: Tensor):
