@@ -120,19 +120,8 @@ def test_counter_draws_equal_the_native_loop_bit_for_bit(dtype):
 
 
 def test_counter_draws_reference_values():
-    """Three draws by hand, from the formula in ``counter_uniform``'s docstring (no library code):
-
-        def mix32(x):
-            x ^= x >> 16; x = x * 0x7FEB352D % 2**32; x ^= x >> 15; x = x * 0x846CA68B % 2**32
-            return x ^ (x >> 16)
-        M = 2**64
-        z = (key + (stream + 1) * 0x9E3779B97F4A7C15) % M
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % M
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % M
-        z ^= z >> 31
-        x = mix32(mix32((q + z) % 2**32) ^ (z >> 32))
-        u = (x >> 8) / 2**24
-    """
+    """Three draws against literal values, U = m / 2**24, from the formula in ``counter_uniform``'s
+    docstring; the generating snippet (plain Python integers, no library code) runs beside them."""
     def mix32(x):
         x ^= x >> 16
         x = x * 0x7FEB352D % 2 ** 32
@@ -146,12 +135,12 @@ def test_counter_draws_reference_values():
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
         z ^= z >> 31
-        x = mix32(mix32((q + z) % 2 ** 32) ^ (z >> 32))
-        return (x >> 8) / 2 ** 24
+        return mix32(mix32((q + z) % 2 ** 32) ^ (z >> 32)) >> 8
 
-    for key, stream, q in ((5, 0, 0), (2 ** 61 + 3, 9, 300), (123, 2 ** 33, 17)):
+    for key, stream, q, mantissa in ((5, 0, 0, 1776955), (2 ** 61 + 3, 9, 300, 6500246), (123, 2 ** 33, 17, 8820676)):
+        assert by_hand(key, stream, q) == mantissa
         got = H.counter_uniform(key, np.array([stream], dtype=np.uint64), q + 1, torch.float32)[0, q]
-        assert float(got) == by_hand(key, stream, q)
+        assert float(got) == mantissa / 2 ** 24
 
 
 def test_counter_draws_are_uniform_and_uncorrelated():

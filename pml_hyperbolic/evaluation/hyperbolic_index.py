@@ -110,12 +110,19 @@ def _conformal_terms(x: Tensor, c: float):
     return cx2, (1 - cx2).clamp_min(torch.finfo(torch.float64).tiny)
 
 
-def _lift32(x: Tensor, cx2: Tensor, den: Tensor, c: float):
-    """(float32 Lorentz lift :math:`((1 + c\\|x\\|^2)/(\\sqrt c\\,(1 - c\\|x\\|^2)),\\ 2x/(1 - c\\|x\\|^2))`, float64
-    :math:`X_0`, float64 :math:`X_{1:}`): ``pb.to_lorentz(x, c).to(torch.float32)`` bit for bit,
-    without the float64 (N, D + 1) concatenation."""
+def _lift_parts(x: Tensor, cx2: Tensor, den: Tensor, c: float):
+    """float64 (:math:`X_0`, :math:`X_{1:}`) of the Lorentz lift
+    :math:`((1 + c\\|x\\|^2)/(\\sqrt c\\,(1 - c\\|x\\|^2)),\\ 2x/(1 - c\\|x\\|^2))` from the
+    :func:`_conformal_terms`: the values of :func:`pb.to_lorentz`, bit for bit."""
     x0 = (1 + cx2) / (math.sqrt(c) * den)
-    tail = torch.div(x, (0.5 * den)[:, None])  # 2x / den in one pass (halving den is exact)
+    return x0, torch.div(x, (0.5 * den)[:, None])  # 2x / den in one pass (halving den is exact)
+
+
+def _lift32(x: Tensor, cx2: Tensor, den: Tensor, c: float):
+    """(float32 Lorentz lift, float64 :math:`X_0`, float64 :math:`X_{1:}`):
+    ``pb.to_lorentz(x, c).to(torch.float32)`` bit for bit, without the float64 (N, D + 1)
+    concatenation."""
+    x0, tail = _lift_parts(x, cx2, den, c)
     out = torch.empty(x.shape[0], x.shape[1] + 1, dtype=torch.float32)
     out[:, 0] = x0
     out[:, 1:] = tail
@@ -162,8 +169,9 @@ class HyperbolicIndex:
             many; ``None`` keeps torch's setting. That work is small memory-bound passes: on a loaded
             2-core machine 2 threads made it ~3x slower than 1 (barrier waits), on an idle one they
             shorten it (part of the Cars-size search's 1.48-1.68x -> 1.20-1.37x faiss's wall time at
-            stop 24, ``bench/results/knn_cars_stop24.txt``). The results do not depend on it. faiss itself runs with the thread count that was set before
-            the call, or fewer when other processes hold the cores (the same rule).
+            stop 24, ``bench/results/knn_cars_stop24.txt``). The results do not depend on it. faiss
+            itself runs with the thread count that was set before the call, or fewer when other
+            processes hold the cores (the same rule).
         exact_ranks: ``None`` (default) = the order is exact at every rank. A tuple of ranks K
             (e.g. the Recall@K list) = the *set* of the first K neighbours is exact for each K
             given and for k itself, and every returned distance is within ``rtol``; between those
@@ -238,7 +246,7 @@ class HyperbolicIndex:
         self._bball = None  # float64 (N,) 1 - c|y_j|^2
         self._cx2 = None  # float64 (N,) c|y_j|^2
         self._query_cache = None  # (query block, its conformal terms): the last block searched
-        self._pending_self_lift = None  # float64 X_{1:} of the one added tensor, until the next search
+        self._pending_self_lift = None  # float64 (X_0, X_{1:}) of the one added tensor, until the next search
         self._ball32 = None  # float32 copy of _ball when that is exact (float32 inputs)
         self._added_src = None
         self._index = None
@@ -320,7 +328,7 @@ class HyperbolicIndex:
             Y32, y0, tail = _lift32(ref[chunk], cx2[chunk], den[chunk], self.c)
             if self._ball is None and ref.shape[0] <= _KEPT_LIFT_ROWS:
                 # self-retrieval usually follows: its queries' Q_{1:} = X_{1:} / X_0 starts from this
-                self._pending_self_lift = tail
+                self._pending_self_lift = (y0, tail)
             del tail
             if self.kind == "hnsw":  # every |Y_j| (the extra coordinate)
                 nrm = torch.linalg.vector_norm(Y32.double(), dim=1)
@@ -451,17 +459,16 @@ class HyperbolicIndex:
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
         kk = min(n, kk_needed + self._margin(k))
-        cx2, den = self._query_terms(q)
-        X0 = (1 + cx2) / (math.sqrt(self.c) * den)
-        # Q = X / X_0 with Q_0 = -1, rounded to float32 (the lift's X_{1:} = 2q / (1 - c|q|^2) divided
-        # by X_0: the operations of pb.to_lorentz, then the division, bit for bit)
+        pending, self._pending_self_lift = self._pending_self_lift, None
+        if q is self._ball and pending is not None:  # the lift add() computed for these points
+            X0, tail = pending
+        else:
+            X0, tail = _lift_parts(q, *self._query_terms(q), self.c)
+        # Q = X / X_0 with Q_0 = -1, rounded to float32 (the division, then the rounding: bit for bit
+        # what dividing pb.to_lorentz's output gives)
         Q32 = torch.empty(q.shape[0], q.shape[1] + 1, dtype=torch.float32)
         Q32[:, 0] = -1.0
-        pending, self._pending_self_lift = self._pending_self_lift, None
-        if q is self._ball and pending is not None:  # the lift add() computed, divided in place
-            Q32[:, 1:] = pending.div_(X0[:, None])
-        else:
-            Q32[:, 1:] = torch.div(q, (0.5 * den)[:, None]).div_(X0[:, None])
+        Q32[:, 1:] = tail.div_(X0[:, None])
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         s, idx = self._faiss_search(Q32, kk)
         if self.kind == "hnsw":
@@ -714,8 +721,9 @@ class HyperbolicIndex:
 
 
 def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
-    """``x.index_select(0, index)`` (a copy of the rows): on CPU by numpy's ``take``, 0.83 against
-    2.1 ms for 19,906 rows of 128 float32 (aten's gather faults in a fresh output every call)."""
+    """``x.index_select(0, index)`` (a copy of the rows): on CPU by numpy's ``take``, whose output
+    comes from numpy's allocator, where aten's gather faulted in a fresh output of several MB per
+    call (part of stop 24's kNN gain, ``bench/results/knn_cars_stop24.txt``)."""
     if x.device.type == "cpu" and index.device.type == "cpu" and x.dim() == 2:
         return torch.from_numpy(np.take(x.numpy(), index.numpy(), axis=0))
     return x.index_select(0, index)
