@@ -452,9 +452,9 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
     """HIER's LCA triplet rows natively (``pml_lca_rows_*`` in ``_native_tail.c``): fills ``loss``,
     ``a``, ``b`` and, when given, ``grads`` (2, T, P: the rows u¹, u² of the straight-through
     estimator, before their routing through the maxima, which :func:`lca_backward` does) and ``on``
-    (3, T), with the formulas of ``hier_loss._LCATripletLoss._run``'s torch ops. ``noise``: None (no Gumbel noise) or a
-    ``hier_loss._CounterUniform``, whose draws the C loop generates from its ``key`` where it uses them
-    (the same values as the source's ``draws``). ``block`` rows at a time, shared by ``threads``
+    (3, T), with the formulas of ``hier_loss._LCATripletLoss._run``'s torch ops. ``noise``: None (no
+    Gumbel noise) or a ``hier_loss._CounterUniform``, whose draws the C loop generates from its ``key``
+    where it uses them (the same values as the source's ``draws``). ``block`` rows at a time, shared by ``threads``
     (default: torch's count). Returns (loss, a, b), or None when the native path does not apply
     (also for a noise source that is not counter-based)."""
     if noise is not None and not isinstance(getattr(noise, "key", None), int):

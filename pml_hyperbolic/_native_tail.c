@@ -539,9 +539,10 @@ PML_ROW_TERMS(pml_row_terms_f64, double)
  *
  * and, when grads is given, the two rows u¹, u² of the straight-through estimator (the formulas of
  * _LCATripletLoss's docstring): w = on₁ D_i + on₂ D_j − on₃ D_k, u^r = π^r ⊙ (w − ⟨π^r, w⟩); the
- * backward (pml_lca_backward_* below) routes them through the maxima. The uniform draws in [0, 1) are generated in the loop from a counter (noise != 0;
- * none otherwise): U^r_{t,p} = pml_uniform_*(key, 2t + r, p) below, the definition that
- * hier_loss._CounterUniform evaluates for the torch path; loss, a, b are indexed by t, grads as
+ * backward (pml_lca_backward_* below) routes them through the maxima. The uniform draws in [0, 1)
+ * are generated in the loop from a counter (noise != 0; none otherwise): U^r_{t,p} =
+ * pml_uniform_*(key, 2t + r, p) below, the definition that hier_loss._CounterUniform evaluates for
+ * the torch path; loss, a, b are indexed by t, grads as
  * (2, T_rows, P) and on as (3, T_rows). One pass per row over P for the maxima, one per choice,
  * one for the gradients, all vectorised (the torch path: about twenty (rows × P) ops per block).
  *
@@ -645,7 +646,7 @@ PML_UNIFORM_ROWS(pml_uniform_rows_f64, double, pml_uniform_f64)
  * register per step in the AVX-512 clone, two or four in the others): per lane the first strict
  * minimum, by a compare mask and bitwise selects of value and index; across lanes the smallest
  * value, then the smallest index; the remainder after the lanes in order. Written as scalar lanes,
- * GCC kept the select of a (value, index) pair scalar: 0.39 against 0.12 ns per element. */
+ * GCC left the select of a (value, index) pair scalar. */
 typedef float pml_v16f __attribute__((vector_size(64)));
 typedef int32_t pml_v16i __attribute__((vector_size(64)));
 typedef double pml_v8d __attribute__((vector_size(64)));

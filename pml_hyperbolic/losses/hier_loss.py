@@ -56,7 +56,8 @@ def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor, symmetric: boo
 
 def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     """(K,) long: the row-major flat indices of ``mask``'s True entries (``nonzero`` order). On CPU by
-    numpy's ``flatnonzero``: 0.65 against 5.4 ms for aten's ``nonzero`` on a 900 × 900 mask."""
+    numpy's ``flatnonzero``, faster than aten's ``nonzero`` on HIER's B × B masks (part
+    of stop 24's gain, ``bench/results/hier_cpu_stop24.txt``)."""
     if mask.device.type == "cpu":
         return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()))
     return mask.reshape(-1).nonzero().squeeze(1)
@@ -175,7 +176,7 @@ def _noise_source(device: torch.device, seed: int | None = None):
     given: ``seed``, to replay the same draws), so ``torch.manual_seed`` reproduces the noise and
     activation checkpointing (which restores torch's RNG state) redraws the same. Generated inside
     the native loop, the draws cost no buffer and no pass of their own: they replaced numpy's PCG64
-    filling (2, rows, P) buffers, a third of HIERLoss's CPU time."""
+    filling (2, rows, P) buffers, the largest single cost of HIERLoss on CPU before stop 24."""
     if device.type != "cpu":
         return _DeviceUniform(), None
     seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else int(seed)
@@ -407,15 +408,14 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     **Memory.** One (N, P) distance matrix (N = batch [+ reference set]) and one (P, P) for the
     proxy term; the per-triplet (T, P) work is done in chunks of ``chunk_size`` triplets,
     recomputed in backward (activation checkpointing) when there is more than one chunk:
-    O(N·P + P² + T + chunk_size·P), never O(B³). A chunk keeps three (chunk_size, P) gradient
-    slabs for the backward; its temporaries are blocks of ~2¹⁸ elements.
+    O(N·P + P² + T + chunk_size·P), never O(B³). A chunk keeps two (chunk_size, P) gradient slabs
+    for the backward on CPU (three on the torch path); its temporaries are blocks of ~2¹⁸ elements.
 
     **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one forward and
-    backward takes 78–92 ms on 1 CPU thread, 1.72–1.83× PML's ``SupConLoss`` in the same run
+    backward takes 82–92 ms on 1 CPU thread, 1.72–1.83× PML's ``SupConLoss`` in the same run
     (``python bench/losses.py --no-miners --threads 1 --only HIERLoss SupCon``;
-    bench/results/hier_cpu_stop24.txt; 129–150 ms, 2.9–3.3× before stop 24); the Gumbel noise (a hashed
-    draw, a logarithm and a division per triplet-proxy pair) is about a third of it. ``max_triplets``, ``max_proxy_triplets`` and
-    ``num_proxies`` scale it linearly.
+    bench/results/hier_cpu_stop24.txt; 129–150 ms, 2.9–3.3× before stop 24). ``max_triplets``,
+    ``max_proxy_triplets`` and ``num_proxies`` scale it linearly.
 
     Args:
         embedding_size: D of the embeddings (and the proxies).
