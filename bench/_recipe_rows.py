@@ -212,7 +212,8 @@ class KMeansPseudoLabels:
 class PMLBaseline(RecipeCommandLine):
     """PML's own losses on the recipes' spherical head, trained by the same runner: the table's
     baselines. ``--pml-loss supcon`` (SupConLoss, τ = 0.1), ``ms`` (MultiSimilarityLoss (2, 50, 0.5) +
-    MultiSimilarityMiner ε = 0.1), ``triplet`` (TripletMarginLoss, margin 0.1; with
+    MultiSimilarityMiner ε = 0.1), ``pa`` (ProxyAnchorLoss, margin 0.1, α 32; its proxies train at the
+    head's rate), ``triplet`` (TripletMarginLoss, margin 0.1; with
     ``--kmeans-pseudo-labels K`` the unsupervised baseline: k-means pseudo-labels of the embeddings,
     re-clustered at the start of every epoch)."""
 
@@ -223,7 +224,7 @@ class PMLBaseline(RecipeCommandLine):
 
     @classmethod
     def add_arguments(cls, parser):
-        parser.add_argument("--pml-loss", choices=("supcon", "ms", "triplet"), default="supcon")
+        parser.add_argument("--pml-loss", choices=("supcon", "ms", "pa", "triplet"), default="supcon")
         parser.add_argument("--kmeans-pseudo-labels", type=int, default=0, metavar="K")
 
     @classmethod
@@ -257,6 +258,11 @@ class PMLBaseline(RecipeCommandLine):
             return losses.SupConLoss(temperature=0.1)
         if choice == "ms":
             return losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5)
+        if choice == "pa":
+            from pml_hyperbolic.training.runner import training_class_count
+
+            return losses.ProxyAnchorLoss(num_classes=training_class_count(self.train_set),
+                                          embedding_size=self.args.embedding_dim, margin=0.1, alpha=32)
         return losses.TripletMarginLoss(margin=0.1)
 
     def build_miner(self):

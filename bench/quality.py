@@ -95,6 +95,7 @@ def build_rows():
         Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]", "baseline", ["--pml-loss", "supcon"]),
         Row("ms", "PML MultiSimilarityLoss + MultiSimilarityMiner (2, 50, 0.5; ε=0.1)", "baseline",
             ["--pml-loss", "ms"]),
+        Row("pa", "PML ProxyAnchorLoss (cosine, margin 0.1, α 32)", "baseline", ["--pml-loss", "pa"]),
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
@@ -104,6 +105,8 @@ def build_rows():
             ["--radial-calibration", "0"]),
         Row("hier_ms_cal", "HIER: MultiSimilarity + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1"]),
+        Row("hier_pa", "HIER: ProxyAnchor + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; HIER's "
+            "public scripts' main loss)", ("hier", "HIER"), ["--main-loss", "pa"]),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2"]),
         Row("hypmix_learn", "HypMix, learnable λ (init 3)", ("hyp_mix", "HypMix"),

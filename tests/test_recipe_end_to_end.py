@@ -280,3 +280,23 @@ def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
                                            "--radial-calibration", "0"], instances=instances)
     main, _ = instances[0].trainer.loss_funcs["metric_loss"].losses
     assert isinstance(main, PairwiseCrossEntropyLoss) and main.distance._c is instances[0].geometry
+
+
+def test_hier_recipe_proxy_anchor_main_loss(tmp_path):
+    """``--main-loss pa``: PML's ProxyAnchorLoss with one proxy per training class beside HIER, no miner,
+    and both losses' proxies in the loss optimiser, stepped by the run."""
+    from pytorch_metric_learning.losses import ProxyAnchorLoss
+
+    from pml_hyperbolic.losses import HIERLoss
+    from pml_hyperbolic.training.runner import training_class_count
+
+    instances = []
+    run("hier", "HIER", tmp_path, ["--no-plots", "--main-loss", "pa", "--hier-proxies", "8",
+                                     "--radial-calibration", "0"], instances=instances)
+    recipe = instances[0]
+    main, hier = recipe.trainer.loss_funcs["metric_loss"].losses
+    assert isinstance(main, ProxyAnchorLoss) and isinstance(hier, HIERLoss)
+    assert main.proxies.shape == (training_class_count(recipe.train_set), recipe.args.embedding_dim)
+    assert "tuple_miner" not in recipe.trainer.mining_funcs
+    state = recipe.trainer.optimizers["metric_loss_optimizer"].state
+    assert state[main.proxies]["step"] == 2 and state[hier.proxies]["step"] == 2

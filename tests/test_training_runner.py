@@ -42,3 +42,19 @@ def test_run_freezes_then_unfreezes_even_when_the_run_fails():
     with pytest.raises(RuntimeError, match="the run failed"):
         recipe.run()
     assert Probe.seen[1] > 1000 and gc.get_freeze_count() == 0
+
+
+def test_training_class_count_declared_inferred_and_bad_labels():
+    """Per-class parameters (ProxyAnchor's proxies) are sized by the declared ``num_classes``, else by
+    1 + the largest first-level label; labels that cannot index classes get one clear error."""
+    from types import SimpleNamespace
+
+    from pml_hyperbolic.training.cli import ConfigError
+    from pml_hyperbolic.training.runner import training_class_count
+
+    assert training_class_count(SimpleNamespace(num_classes=7, labels=[0, 1])) == 7
+    assert training_class_count(SimpleNamespace(labels=[3, 0, 5, 5])) == 6
+    assert training_class_count(SimpleNamespace(labels=[[4, 0], [9, 1]])) == 10  # N x K: the first level
+    for labels, shown in (([], "none"), ([2, -1], "-1")):
+        with pytest.raises(ConfigError, match=f"non-negative class indices.*got {shown}"):
+            training_class_count(SimpleNamespace(labels=labels))

@@ -167,6 +167,19 @@ def dataset_labels(dataset) -> np.ndarray:
     return labels[:, 0] if labels.ndim == 2 else labels
 
 
+def training_class_count(dataset) -> int:
+    """Number of classes a per-class component (proxies, margins) needs: the dataset's ``num_classes``
+    when it declares one, else 1 + its largest first-level label (labels index the classes)."""
+    declared = getattr(dataset, "num_classes", None)
+    if declared is not None:
+        return int(declared)
+    labels = dataset_labels(dataset)
+    if labels.size == 0 or labels.min() < 0:
+        raise ConfigError(f"{type(dataset).__name__}'s labels must be non-negative class indices to size "
+                          f"per-class parameters (got {'none' if labels.size == 0 else int(labels.min())})")
+    return int(labels.max()) + 1
+
+
 # ----------------------------------------------------------------------------------------------
 # the recipe driver
 # ----------------------------------------------------------------------------------------------
