@@ -15,7 +15,10 @@ are needed. The head maps into the ball (c = 0.1, clip 2.3) and Recall@K uses th
 
 Main loss (``--main-loss``): ``ms`` (default, HIER's pairing) is PML's MultiSimilarityLoss (α 2, β 50,
 base 0.5) with its miner (ε 0.1) on the cosine of the ball points, i.e. of the head's directions, so
-the radius is shaped by the regulariser alone; ``pce`` is Hyp-ViT's pairwise cross-entropy on the
+the radius is shaped by the regulariser alone; ``pa`` is PML's ProxyAnchorLoss (margin 0.1, α 32, one
+proxy per training class) on the same cosine, the main loss of HIER's public training scripts (at the
+glyph budget it reads about 4 validation R@1 below MultiSimilarity, alone and beside HIER:
+``bench/results/hier_pa_validation_stop25.txt``); ``pce`` is Hyp-ViT's pairwise cross-entropy on the
 Poincaré distance (τ 0.2). With ``ms`` alone the regulariser drives the radius to the clip (most
 points at one d₀, as in the papers' clipped heads, and the uncertainty says nothing: failure AUROC
 0.51): ``--radial-calibration`` / ``--degraded-copies`` give the radius a meaning again. On the
