@@ -5,7 +5,8 @@
     python bench/radius.py --seeds 0 --steps 300 --heads paper,polar --losses pce   # quick look
 
 Protocol (nothing is selected on test classes): the frozen MobileNetV2 (offline ImageNet weights,
-64 px) of ``bench/quality.py``; only the 128-d head trains, on pooled features (``BenchConfig``,
+64 px) of ``bench/quality.py`` (``--backbone tf_efficientnet_lite0``: the frozen EfficientNet-Lite0 of
+issue 13's held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d head trains, on pooled features (``BenchConfig``,
 head-only, batch 128 = 32 characters × 4, AdamW lr 3e-3, wd 0.01, grad clip 3). 32 of the 160
 training characters are carved out as a **validation** split (display-font queries vs serif/sans
 gallery, like the test protocol); the head design is chosen on the validation columns; the 160
@@ -532,6 +533,10 @@ def main(argv=None):
                    help="temperature of the pairwise cross-entropy cells (pce, hier)")
     p.add_argument("--parent", default="", help="+parent settings, e.g. 'weight=0.3,temperature=0.5' (default: "
                    + ", ".join(f"{k}={v}" for k, v in PARENT_SETTINGS.items()) + ")")
+    p.add_argument("--backbone", default=qc.BenchConfig.backbone,
+                   help="frozen feature extractor: mobilenetv2_100 (default) or tf_efficientnet_lite0 (the "
+                        "backbone of issue 13's held-out benchmark; a transfer check of the settings chosen on "
+                        "the default, not a place to choose them)")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--leave-one-out", action="store_true",
                    help="Only the generalisation check of --degraded-copies: train polar pce+cal+copies with the "
@@ -553,7 +558,7 @@ def main(argv=None):
         if key not in PARENT_SETTINGS:
             p.error(f"--parent: unknown setting {key!r} (known: {', '.join(PARENT_SETTINGS)})")
         PARENT_SETTINGS[key] = float(value)
-    cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head")
+    cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head", backbone=a.backbone)
     t0 = time.perf_counter()
     data = load_data(cfg, use_cache=not a.no_cache)
     print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {data['bank'].note}; validation: 32 training characters")

@@ -258,3 +258,17 @@ def test_bench_rows_pass_their_thread_count_to_the_recipe():
     finally:
         torch.set_num_threads(previous)
 
+
+
+def test_fewer_training_classes_keeps_the_test_split(tiny):
+    """``--train-classes``: training on a seeded subset of the training classes, labels renumbered
+    from 0, query and gallery untouched; a count outside [2, classes] is one clear error."""
+    _, bank = tiny
+    fewer = quality.with_fewer_training_classes(bank, 2, log=lambda *_: None)
+    assert fewer.num_train_classes == 2 and set(fewer.train.labels.tolist()) == {0, 1}
+    assert len(fewer.train.labels) == len(bank.train.labels) // 2
+    assert fewer.query is bank.query and fewer.gallery is bank.gallery
+    assert quality.with_fewer_training_classes(bank, CLASSES) is bank
+    for bad in (1, CLASSES + 1):
+        with pytest.raises(SystemExit, match=r"--train-classes must be in \[2, 4\]"):
+            quality.with_fewer_training_classes(bank, bad)

@@ -135,6 +135,19 @@ def test_unsupervised_supervised_variant(tmp_path, capsys):
     assert saved["inter_seen"].diagonal()[seen].all() and int(saved["inter_seen"].sum()) == 2 * 4 * 4
 
 
+def test_supervised_margin_head_rate_preset(tmp_path):
+    """``--supervised`` on the bundled glyphs trains the head at the validation-chosen rate; an explicit
+    ``--head-lr`` wins, the unsupervised run and a real benchmark keep their own rates."""
+    from pml_hyperbolic.training.presets import HIER_MARGIN_GLYPH_HEAD_LR
+
+    cls = load_recipe("unsupervised_hyperbolic").UnsupervisedHyperbolic
+    assert cls.parse(["--supervised"]).head_lr == HIER_MARGIN_GLYPH_HEAD_LR == 3e-4
+    assert cls.parse(["--supervised", "--head-lr", "0.01"]).head_lr == 0.01
+    assert cls.parse([]).head_lr == cls.glyph_preset["head_lr"] != HIER_MARGIN_GLYPH_HEAD_LR
+    real = cls.parse(["--supervised", "--dataset", "cub", "--data-root", str(tmp_path)])
+    assert real.head_lr != HIER_MARGIN_GLYPH_HEAD_LR and real.backbone == "vit_small_patch16_224"
+
+
 def test_hcl_composed_scenes(tmp_path, monkeypatch):
     from pml_hyperbolic.training.hcl_trainer import HCLTrainer, KeyQueue
 
