@@ -6,11 +6,11 @@
 
 Protocol (nothing is selected on test classes): the frozen MobileNetV2 (offline ImageNet weights,
 64 px) of ``bench/quality.py`` (``--backbone tf_efficientnet_lite0``: the frozen EfficientNet-Lite0 of
-issue 13's held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d head trains, on pooled features (``BenchConfig``,
-head-only, batch 128 = 32 characters × 4, AdamW lr 3e-3, wd 0.01, grad clip 3). 32 of the 160
-training characters are carved out as a **validation** split (display-font queries vs serif/sans
-gallery, like the test protocol); the head design is chosen on the validation columns; the 160
-held-out test characters give the test columns.
+issue 13's held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d
+head trains, on pooled features (``BenchConfig``, head-only, batch 128 = 32 characters × 4, AdamW lr
+3e-3, wd 0.01, grad clip 3). 32 of the 160 training characters are carved out as a **validation**
+split (display-font queries vs serif/sans gallery, like the test protocol); the head design is chosen
+on the validation columns; the 160 held-out test characters give the test columns.
 
 Per head and loss, mean ± std over seeds:
 

@@ -130,8 +130,9 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
         if self.args.supervised:
             from pml_hyperbolic.losses import HierarchicalMarginLoss
 
-            num_classes = int(getattr(self.train_set, "num_classes", int(max(self.train_set.labels)) + 1))
-            return HierarchicalMarginLoss(num_classes=num_classes, gamma=self.args.gamma,
+            from pml_hyperbolic.training.runner import training_class_count
+
+            return HierarchicalMarginLoss(num_classes=training_class_count(self.train_set), gamma=self.args.gamma,
                                           distance=PoincareDistance(c=self.geometry))
         from pml_hyperbolic.losses import HierarchicalLogRatioLoss
 
