@@ -24,8 +24,8 @@ are glyph choices: on another dataset pass ``--levels`` for its size. The paper'
 pre-trained features first, then the learned embeddings). With ``--supervised`` the real class
 labels train the hierarchical-margin loss instead (no pseudo-labels, no warm start); on the bundled
 glyphs its head then trains at ``--head-lr 3e-4`` (``presets.HIER_MARGIN_GLYPH_HEAD_LR``): at the glyph
-default 3e-3 the head ran every point to the clip radius once 144 or more training characters were
-used, and test R@1 ended level with the untrained features (chosen on 16- and 32-character validation
+default 3e-3, trained on all 160 characters, the head put every test query at the clip radius and
+test R@1 ended level with the untrained features (chosen on 16- and 32-character validation
 carves, ``bench/results/hier_margin_head_lr_stop25.txt``). Test labels are used only to report Recall@K.
 """
 
