@@ -13,11 +13,12 @@ i, j of one class and k not, i and j are pulled nearer LCA(i, j) than LCA(i, j, 
 LCA(i, j, k) than LCA(i, j); the proxies get the same loss among themselves). No hierarchy labels
 are needed. The head maps into the ball (c = 0.1, clip 2.3) and Recall@K uses the exact Poincaré kNN.
 
-Main loss (``--main-loss``): ``ms`` (default; one of the paper's pairings) is PML's MultiSimilarityLoss (α 2, β 50,
-base 0.5) with its miner (ε 0.1) on the cosine of the ball points, i.e. of the head's directions, so
-the radius is shaped by the regulariser alone; ``pa`` is PML's ProxyAnchorLoss (margin 0.1, α 32, one
-proxy per training class) on the same cosine, the main loss of HIER's public training scripts (at the
-glyph budget it reads about 4 validation R@1 below MultiSimilarity, alone and beside HIER:
+Main loss (``--main-loss``): ``ms`` (default; one of the paper's pairings) is PML's
+MultiSimilarityLoss (α 2, β 50, base 0.5) with its miner (ε 0.1) on the cosine of the ball points,
+i.e. of the head's directions, so the radius is shaped by the regulariser alone; ``pa`` is PML's
+ProxyAnchorLoss (margin 0.1, α 32, one proxy per training class) on the same cosine, the main loss of
+HIER's public training scripts (at the glyph budget it reads about 4 validation R@1 below
+MultiSimilarity, alone and beside HIER:
 ``bench/results/hier_pa_validation_stop25.txt``); ``pce`` is Hyp-ViT's pairwise cross-entropy on the
 Poincaré distance (τ 0.2). With ``ms`` alone the regulariser drives the radius to the clip (most
 points at one d₀, as in the papers' clipped heads, and the uncertainty says nothing: failure AUROC

@@ -259,7 +259,6 @@ def test_bench_rows_pass_their_thread_count_to_the_recipe():
         torch.set_num_threads(previous)
 
 
-
 def test_fewer_training_classes_keeps_the_test_split(tiny):
     """``--train-classes``: training on a seeded subset of the training classes, labels renumbered
     from 0, query and gallery untouched; a count outside [2, classes] is one clear error."""
