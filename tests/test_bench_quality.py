@@ -150,6 +150,38 @@ def test_hierarchy_metrics_reference_values():
         quality.hierarchy_metrics(q, ql, g, gl, None, float("inf"), (torch.tensor([0, 1]), g_parent))
 
 
+def test_sibling_auroc_reference_values():
+    # bench/radius.py's sibling AUROC: -distance scoring "same radical" over the pairs of different
+    # characters. Same three queries and gallery as above; by hand, the two sibling pairs (query 0 ->
+    # gallery 1, cosine distance 0.2; query 2 -> gallery 0, 0.006) are nearer than the four
+    # other-radical pairs (1.8 to 2.0): AUROC 1. Negating the queries maps every cosine distance d to
+    # 2 - d and reverses that order: AUROC 0. One radical for everything leaves no negative: NaN.
+    import radius
+
+    g = torch.tensor([[1.0, 0.0], [0.8, 0.6], [-1.0, 0.0]])
+    gl, g_parent = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
+    q, ql, q_parent = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.9, 0.1]]), torch.tensor([0, 2, 1]), torch.tensor([0, 1, 0])
+    out = radius.radius_metrics(q, ql, g, gl, None, float("inf"), q_parent, g_parent)
+    assert out["sibling_auroc"] == pytest.approx(1.0)
+    out = radius.radius_metrics(-q, ql, g, gl, None, float("inf"), q_parent, g_parent)
+    assert out["sibling_auroc"] == pytest.approx(0.0)
+    out = radius.radius_metrics(q, ql, g, gl, None, float("inf"), torch.zeros(3, dtype=torch.long),
+                                torch.zeros(3, dtype=torch.long))
+    assert math.isnan(out["sibling_auroc"])
+
+
+def test_parent_only_term_drops_the_class_loss(monkeypatch):
+    # bench/radius.py's "+parent" cells: class_weight 0 trains on the radicals alone (the ceiling run)
+    import radius
+
+    emb, labels = torch.randn(8, 4), torch.tensor([[0, 0], [0, 0], [1, 0], [1, 0], [2, 1], [2, 1], [3, 1], [3, 1]])
+    term = radius.ParentLevelTerm(lambda e, y: torch.tensor(5.0), lambda e, y: y.float().sum())
+    monkeypatch.setitem(radius.PARENT_SETTINGS, "weight", 2.0)
+    assert float(term(emb, labels)) == pytest.approx(5.0 + 2.0 * 4)
+    monkeypatch.setitem(radius.PARENT_SETTINGS, "class_weight", 0.0)
+    assert float(term(emb, labels)) == pytest.approx(2.0 * 4)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="dataset"):
         qc.build_bank(qc.BenchConfig(), "cars", use_cache=False)
