@@ -106,6 +106,11 @@ def build_rows():
             ["--radial-calibration", "0"]),
         Row("hier_ms_cal", "HIER: MultiSimilarity + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1"]),
+        # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
+        Row("hms", "MultiSimilarity + miner on the Poincaré similarity 1 − d/4.6 (c=0.1; recipes/hier.py, no HIER)",
+            ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
+        Row("hier_hms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
+            "(recipes/hier.py --ms-similarity poincare)", ("hier", "HIER"), ["--ms-similarity", "poincare"]),
         Row("hier_pa", "HIER: ProxyAnchor + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; HIER's "
             "public scripts' main loss)", ("hier", "HIER"), ["--main-loss", "pa"]),
         Row("hypmix", "HypMix (λ=3, τe=0.05, τh=0.2, c=0.1)", ("hyp_mix", "HypMix"),

@@ -16,6 +16,7 @@ so that a choice made on validation can be checked, not made, there.
     python bench/row_validation.py --variants "ms;hier_ms;hier_ms:--hier-weight 0.1;hier_ms:--hier-weight 1"
     python bench/row_validation.py --variants "ms;hier_ms:--hier-weight 0.1" --seeds 0,1,2,3,4 --report-test
     python bench/row_validation.py --variants "ms;hier_ms" --carve-seeds 0,1,2   # three carves, paired difference
+    python bench/row_validation.py --variants "ms;hms" --trainable head --steps 600   # the held-out benchmark's shape
 
 A variant is ``row`` or ``row:flags`` (flags as on the recipe's command line); variants are separated
 by ``;``. About 15-20 s per variant and seed on 2 cores (one thread).
@@ -104,6 +105,12 @@ def main(argv=None) -> int:
                    help="validation carves (which characters are held out), e.g. 0,1,2: every variant runs on each "
                         "carve with every seed, and the table adds its paired R@1 difference to the first variant")
     p.add_argument("--val-classes", type=int, default=32, help="validation characters per carve")
+    p.add_argument("--trainable", choices=("tail", "head"), default=qc.BenchConfig.trainable,
+                   help="'head': only the embedding head trains on frozen pooled features (the protocol of "
+                        "issue 13's held-out benchmark; give it --steps 600 as bench/radius.py does)")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {qc.BenchConfig.steps})")
+    p.add_argument("--backbone", default=qc.BenchConfig.backbone,
+                   help="mobilenetv2_100 (default) or tf_efficientnet_lite0")
     a = p.parse_args(argv)
     try:
         variants = parse_variants(a.variants)
@@ -112,9 +119,14 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(str(err))
     qc.set_threads(a.threads)
-    cfg = qc.BenchConfig(seeds=tuple(seeds))
+    if a.steps is not None and a.steps < 1:
+        p.error(f"--steps must be >= 1, got {a.steps}")
+    cfg = qc.BenchConfig(seeds=tuple(seeds), trainable=a.trainable, backbone=a.backbone,
+                         steps=qc.BenchConfig.steps if a.steps is None else a.steps)
     t0 = time.perf_counter()
     bank = qc.build_bank(cfg, "glyphs")
+    if cfg.trainable == "head":
+        bank = qc.pooled_bank(bank, cfg)  # as bench/quality.py --trainable head
     n_train = len(np.unique(bank.train.labels.numpy()))
     if not 2 <= a.val_classes <= n_train // 2:
         p.error(f"--val-classes must be in [2, {n_train // 2}] (half of the {n_train} training characters at most), "

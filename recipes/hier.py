@@ -45,6 +45,7 @@ from pml_hyperbolic.training.config import nonnegative_float, positive_float
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 MAIN_LOSSES = ("ms", "pa", "pce")
+MS_SIMILARITIES = ("cosine", "poincare")
 PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}  # the paper's proxy count; λ 1 as a starting point
 # chosen on validation characters (docstring); the small radial calibration keeps the radius off the clip
 GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03}
@@ -72,12 +73,23 @@ class HIER(RecipeCommandLine):
         g.add_argument("--hier-positives", default="labels", choices=["labels", "labels+mutual_nn"],
                        help="Pairs (i, j) of the triplets: same label, or also mutual nearest neighbours.")
         g.add_argument("--temperature", type=positive_float, default=0.2, help="τ of --main-loss pce.")
+        g.add_argument("--ms-similarity", default="cosine", choices=MS_SIMILARITIES,
+                       help="What --main-loss ms and its miner compare: 'cosine' of the ball points (the paper's "
+                            "pairing: the radius is left to the regulariser) or 'poincare', the Poincaré distance "
+                            "as a similarity 1 − d/T (PoincareSimilarity), with the sphere's α, β, base and ε.")
+        g.add_argument("--ms-scale", type=positive_float, default=None,
+                       help="T of --ms-similarity poincare (default: the head's largest distance to the origin, "
+                            "2·clip_r, which keeps every similarity in [-1, 1] as a cosine).")
 
     @classmethod
     def preflight(cls, args):
         super().preflight(args)
         if args.hier_proxies < 1:
             raise ConfigError(f"--hier-proxies must be >= 1, got {args.hier_proxies}")
+        if args.ms_similarity != "cosine" and args.main_loss != "ms":
+            raise ConfigError(f"--ms-similarity {args.ms_similarity} needs --main-loss ms, got {args.main_loss}")
+        if args.ms_scale is not None and args.ms_similarity != "poincare":
+            raise ConfigError("--ms-scale needs --ms-similarity poincare")
 
     def build_loss(self):
         from pytorch_metric_learning.losses import MultipleLosses
@@ -89,7 +101,9 @@ class HIER(RecipeCommandLine):
             from pytorch_metric_learning.losses import MultiSimilarityLoss
             from pytorch_metric_learning.miners import MultiSimilarityMiner
 
-            main, miner = MultiSimilarityLoss(alpha=2, beta=50, base=0.5), MultiSimilarityMiner(epsilon=0.1)
+            similarity = self.multi_similarity_distance()
+            main = MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **similarity)
+            miner = MultiSimilarityMiner(epsilon=0.1, **similarity)
         elif a.main_loss == "pa":
             from pml_hyperbolic.training.runner import training_class_count
             from pytorch_metric_learning.losses import ProxyAnchorLoss
@@ -116,7 +130,16 @@ class HIER(RecipeCommandLine):
             return None
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 
-        return MultiSimilarityMiner(epsilon=0.1)
+        return MultiSimilarityMiner(epsilon=0.1, **self.multi_similarity_distance())
+
+    def multi_similarity_distance(self):
+        """``distance=`` for MultiSimilarity and its miner: PML's default cosine, or the Poincaré
+        similarity on this recipe's geometry (one object, shared by reference with the head)."""
+        if self.args.ms_similarity == "cosine":
+            return {}
+        from pml_hyperbolic.distances import PoincareSimilarity
+
+        return {"distance": PoincareSimilarity(c=self.geometry, scale=self.args.ms_scale)}
 
 
 if __name__ == "__main__":

@@ -276,6 +276,19 @@ def test_row_validation_variants_and_parent_map():
         rv.paired_cell([1, 2, 3], [1, 2])
 
 
+def test_row_validation_protocol_flags(capsys):
+    # --trainable / --steps / --backbone: bad values are one argparse error, before any bank is built
+    import row_validation as rv
+
+    for flags, message in ((["--steps", "0"], "--steps must be >= 1"), (["--trainable", "all"], "invalid choice")):
+        with pytest.raises(SystemExit) as exit_info:
+            rv.main(["--variants", "ms"] + flags)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    # the Poincaré-similarity rows run the HIER recipe with the flag (MultiSimilarity alone: no HIER)
+    assert quality.ROWS["hms"].argv == ["--hier-weight", "0", "--ms-similarity", "poincare"]
+    assert quality.ROWS["hier_hms"].argv == ["--ms-similarity", "poincare"]
+
+
 def test_bench_rows_pass_their_thread_count_to_the_recipe():
     """The recipe rows run at the bench's thread count, not the recipe's load-dependent ``auto``
     (1 or 2 threads round differently: one seed read 44.3 or 49.0 validation R@1)."""

@@ -295,6 +295,44 @@ def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
     assert isinstance(main, PairwiseCrossEntropyLoss) and main.distance._c is instances[0].geometry
 
 
+def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
+    """``--ms-similarity poincare``: MultiSimilarity and its miner share one PoincareSimilarity on the
+    recipe's geometry (by reference), T = 2·clip_r by default or --ms-scale; with HIER and alone."""
+    from pytorch_metric_learning.losses import MultiSimilarityLoss
+
+    from pml_hyperbolic.distances import PoincareSimilarity
+
+    instances = []
+    run("hier", "HIER", tmp_path, ["--no-plots", "--ms-similarity", "poincare", "--hier-proxies", "8"],
+        instances=instances)
+    recipe = instances[0]
+    losses = recipe.trainer.loss_funcs["metric_loss"].losses[0]  # [MS + HIER, glyph radial calibration]
+    main, miner = losses.losses[0], losses.miners[0]
+    assert isinstance(main, MultiSimilarityLoss) and (main.alpha, main.beta, main.base) == (2, 50, 0.5)
+    assert isinstance(main.distance, PoincareSimilarity) and main.distance is miner.distance
+    assert main.distance._c is recipe.geometry and main.distance.scale == recipe.geometry.max_dist0()
+    instances = []
+    run("hier", "HIER", tmp_path / "alone", ["--no-plots", "--hier-weight", "0", "--ms-similarity", "poincare",
+                                             "--ms-scale", "2", "--radial-calibration", "0"], instances=instances)
+    recipe = instances[0]
+    main, miner = recipe.trainer.loss_funcs["metric_loss"], recipe.trainer.mining_funcs["tuple_miner"]
+    assert main.distance.scale == 2.0 and miner.distance.scale == 2.0 and miner.distance._c is recipe.geometry
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ms-similarity", "poincare", "--main-loss", "pce"], "needs --main-loss ms"),
+    (["--ms-scale", "2"], "needs --ms-similarity poincare"),
+    (["--ms-similarity", "poincare", "--ms-scale", "0"], "--ms-scale"),
+    (["--ms-similarity", "euclid"], "invalid choice"),
+])
+def test_hier_recipe_ms_similarity_flag_errors(flags, message, tmp_path, capsys):
+    recipe = load_recipe("hier").HIER
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.main(TINY + ["--output-dir", str(tmp_path / "run")] + flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_hier_recipe_proxy_anchor_main_loss(tmp_path):
     """``--main-loss pa``: PML's ProxyAnchorLoss with one proxy per training class beside HIER, no miner,
     and both losses' proxies in the loss optimiser, stepped by the run."""
