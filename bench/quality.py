@@ -100,15 +100,18 @@ def build_rows():
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
-        Row("hier_ms", "HIER: MultiSimilarity + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; "
-            "recipes/hier.py)", ("hier", "HIER")),
-        Row("hier_ms_nocal", "HIER: MultiSimilarity + 0.3·HIER, no calibration (before stop 21)", ("hier", "HIER"),
-            ["--radial-calibration", "0"]),
-        Row("hier_ms_cal", "HIER: MultiSimilarity + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
-            ["--radial-calibration", "1"]),
+        Row("hier_ms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
+            "(128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
+        Row("hier_ms_cosine", "HIER: MultiSimilarity on the cosine + 0.3·HIER + 0.03·radial calibration (the glyph "
+            "default until stop 26)", ("hier", "HIER"), ["--ms-similarity", "cosine"]),
+        Row("hier_ms_nocal", "HIER: MultiSimilarity (cosine) + 0.3·HIER, no calibration (before stop 21)",
+            ("hier", "HIER"), ["--radial-calibration", "0", "--ms-similarity", "cosine"]),
+        Row("hier_ms_cal", "HIER: MultiSimilarity (cosine) + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
+            ["--radial-calibration", "1", "--ms-similarity", "cosine"]),
         # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
         Row("hms", "MultiSimilarity + miner on the Poincaré similarity 1 − d/4.6 (c=0.1; recipes/hier.py, no HIER)",
             ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
+        # = hier_ms since stop 26 (the flag explicit: the row that chose it, bench/results/poincare_similarity_ms_stop26.txt)
         Row("hier_hms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
             "(recipes/hier.py --ms-similarity poincare)", ("hier", "HIER"), ["--ms-similarity", "poincare"]),
         Row("hier_pa", "HIER: ProxyAnchor + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; HIER's "
@@ -357,6 +360,34 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
     return results
 
 
+def paired_cell(values, reference) -> str:
+    """Mean ± standard error of the per-run differences ``values − reference`` (the same carves
+    and seeds in the same order), e.g. ``+1.2 ± 0.8``."""
+    values, reference = np.asarray(values, float), np.asarray(reference, float)
+    if values.shape != reference.shape or values.size < 2:
+        raise ValueError(f"paired runs must match and be at least 2, got {values.shape} and {reference.shape}")
+    diff = values - reference
+    return f"{diff.mean():+.1f} ± {diff.std(ddof=1) / np.sqrt(diff.size):.1f}"
+
+
+def paired_lines(results, reference):
+    """For ``--paired-to``: each row's R@1 minus the ``reference`` row's, seed by seed (same seeds:
+    the same bank and sampler draws), as mean ± standard error and the number of seeds it is higher on."""
+    lines = []
+    for name, ds in results["datasets"].items():
+        ref = ds["rows"].get(reference)
+        if ref is None or "per_seed" not in ref:
+            continue
+        base = 100 * np.array([m["recall_at_1"] for m in ref["per_seed"]])
+        for key, r in ds["rows"].items():
+            if key == reference or "per_seed" not in r or r["seeds"] != ref["seeds"] or len(base) < 2:
+                continue
+            r1 = 100 * np.array([m["recall_at_1"] for m in r["per_seed"]])
+            lines.append(f"{name}: {key} − {reference} R@1 {paired_cell(r1, base)} (paired over seeds "
+                         f"{','.join(map(str, r['seeds']))}; higher on {int((r1 > base).sum())} of {len(base)})")
+    return lines
+
+
 def markdown_table(results):
     lines = []
     for name, ds in results["datasets"].items():
@@ -413,6 +444,8 @@ def parse_args(argv=None):
                    help="train on this many of the training classes (diagnostic: how a method depends on the "
                         "number of training classes; the test split is unchanged; HCL's scenes keep every class)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--paired-to", default=None, metavar="ROW",
+                   help="also print every row's R@1 minus this row's, paired seed by seed (mean ± s.e.)")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--no-cache", action="store_true", help="recompute the feature banks and do not store them")
     p.add_argument("--out", default=None, help="write all per-seed results as JSON")
@@ -443,6 +476,9 @@ def main(argv=None):
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    if a.paired_to is not None and (a.paired_to not in rows or len(cfg.seeds) < 2):
+        raise SystemExit(f"--paired-to needs one of the run's rows {rows} and at least 2 seeds, got "
+                         f"{a.paired_to!r} with {len(cfg.seeds)} seed(s)")
     datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
     t0 = time.perf_counter()
     print(f"# bench/quality.py {'--quick ' if a.quick else ''}(pml-hyperbolic issue 7)")
@@ -457,6 +493,8 @@ def main(argv=None):
     print(f"\nRecall@K / MAP@R in % on held-out classes (mean ± std over {len(cfg.seeds)} seed(s)); "
           f"hyperbolic heads: exact Poincaré kNN at c={HYP_C}; others: cosine. "
           f"Total wall time {wall:.0f} s; {qc.machine_line()}.")
+    if a.paired_to is not None:
+        print("\n" + "\n".join(paired_lines(results, a.paired_to)))
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(results, fh, indent=1)

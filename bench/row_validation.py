@@ -85,16 +85,6 @@ def cells(runs) -> str:
     return " | ".join(cell([r[key] for r in runs], scale, digits) for _, key, scale, digits in COLUMNS)
 
 
-def paired_cell(values, reference) -> str:
-    """Mean ± standard error of the per-run differences ``values − reference`` (the same carves
-    and seeds in the same order), e.g. ``+1.2 ± 0.8``."""
-    values, reference = np.asarray(values, float), np.asarray(reference, float)
-    if values.shape != reference.shape or values.size < 2:
-        raise ValueError(f"paired runs must match and be at least 2, got {values.shape} and {reference.shape}")
-    diff = values - reference
-    return f"{diff.mean():+.1f} ± {diff.std(ddof=1) / np.sqrt(diff.size):.1f}"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", required=True, help="row[:recipe flags];... (see above)")
@@ -151,7 +141,7 @@ def main(argv=None) -> int:
         first = r1 if first is None else first
         line = f"| {name} | {cells(val)} | "
         if paired:
-            line += f"{paired_cell(r1, first)} | "
+            line += f"{quality.paired_cell(r1, first)} | "
         line += " ".join(f"{v:.1f}" for v in r1) + " |"
         if a.report_test:
             test = [score(row, cfg, bank, s, test_parents) for s in seeds]

@@ -14,15 +14,22 @@ LCA(i, j, k) than LCA(i, j); the proxies get the same loss among themselves). No
 are needed. The head maps into the ball (c = 0.1, clip 2.3) and Recall@K uses the exact Poincaré kNN.
 
 Main loss (``--main-loss``): ``ms`` (default; one of the paper's pairings) is PML's
-MultiSimilarityLoss (α 2, β 50, base 0.5) with its miner (ε 0.1) on the cosine of the ball points,
-i.e. of the head's directions, so the radius is shaped by the regulariser alone; ``pa`` is PML's
+MultiSimilarityLoss (α 2, β 50, base 0.5) with its miner (ε 0.1), on the cosine of the ball points
+(``--ms-similarity cosine``, the paper's: the head's directions only, so the radius is shaped by the
+regulariser alone) or on the ball (below); ``pa`` is PML's
 ProxyAnchorLoss (margin 0.1, α 32, one proxy per training class) on the same cosine, the main loss of
 HIER's public training scripts (at the glyph budget it reads about 4 validation R@1 below
 MultiSimilarity, alone and beside HIER:
 ``bench/results/hier_pa_validation_stop25.txt``); ``pce`` is Hyp-ViT's pairwise cross-entropy on the
-Poincaré distance (τ 0.2). With ``ms`` alone the regulariser drives the radius to the clip (most
-points at one d₀, as in the papers' clipped heads, and the uncertainty says nothing: failure AUROC
-0.51): ``--radial-calibration`` / ``--degraded-copies`` give the radius a meaning again. On the
+Poincaré distance (τ 0.2). ``--ms-similarity poincare`` runs MultiSimilarity and its miner on the ball
+instead: on ``PoincareSimilarity`` (1 − d/T, T = 2·clip_r, so the sphere's α, β, base and ε keep their
+meaning), which sees the radius too. It is the bundled-glyph default since stop 26, chosen on
+validation characters against the cosine (HIER beside each, four carves × three seeds: +2.4 ± 1.9
+validation R@1 on 16 characters, +1.3 ± 1.1 on 32; ``python bench/row_validation.py --variants
+"hier_ms_cosine;hier_ms" --carve-seeds 0,1,2,3 --val-classes 16``, ``bench/results/poincare_similarity_ms_stop26.txt``);
+the real benchmarks keep the paper's cosine. With ``ms`` on the cosine the regulariser drives the
+radius to the clip (most points at one d₀, as in the papers' clipped heads, and the uncertainty says
+nothing: failure AUROC 0.51): ``--radial-calibration`` / ``--degraded-copies`` give the radius a meaning again. On the
 bundled glyphs the default adds the calibration at weight 0.03, chosen on 32 validation characters
 (weights 0.03 / 0.1 / 0.3 against none, 3 seeds, then 5; ``python bench/row_validation.py``,
 ``bench/results/hier_validation.txt``): validation R@1 49.1 ± 2.7 against 49.8 ± 1.4 without it,
@@ -48,7 +55,7 @@ MAIN_LOSSES = ("ms", "pa", "pce")
 MS_SIMILARITIES = ("cosine", "poincare")
 PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}  # the paper's proxy count; λ 1 as a starting point
 # chosen on validation characters (docstring); the small radial calibration keeps the radius off the clip
-GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03}
+GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03, "ms_similarity": "poincare"}
 
 
 class HIER(RecipeCommandLine):
@@ -86,10 +93,11 @@ class HIER(RecipeCommandLine):
         super().preflight(args)
         if args.hier_proxies < 1:
             raise ConfigError(f"--hier-proxies must be >= 1, got {args.hier_proxies}")
-        if args.ms_similarity != "cosine" and args.main_loss != "ms":
+        # the glyph preset's similarity applies to --main-loss ms only; a flag the user gives must apply
+        if "ms_similarity" in getattr(args, "_explicit", ()) and args.ms_similarity != "cosine" and args.main_loss != "ms":
             raise ConfigError(f"--ms-similarity {args.ms_similarity} needs --main-loss ms, got {args.main_loss}")
-        if args.ms_scale is not None and args.ms_similarity != "poincare":
-            raise ConfigError("--ms-scale needs --ms-similarity poincare")
+        if args.ms_scale is not None and (args.ms_similarity != "poincare" or args.main_loss != "ms"):
+            raise ConfigError("--ms-scale needs --main-loss ms with --ms-similarity poincare")
 
     def build_loss(self):
         from pytorch_metric_learning.losses import MultipleLosses
@@ -135,7 +143,7 @@ class HIER(RecipeCommandLine):
     def multi_similarity_distance(self):
         """``distance=`` for MultiSimilarity and its miner: PML's default cosine, or the Poincaré
         similarity on this recipe's geometry (one object, shared by reference with the head)."""
-        if self.args.ms_similarity == "cosine":
+        if self.args.ms_similarity == "cosine" or self.args.main_loss != "ms":
             return {}
         from pml_hyperbolic.distances import PoincareSimilarity
 

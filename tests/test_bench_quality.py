@@ -270,10 +270,16 @@ def test_row_validation_variants_and_parent_map():
     assert rv.parent_labels(_Bank(), torch.tensor([5, 3, 0])).tolist() == [2, 1, 7]
     # the paired difference of several carves: mean ± standard error of the per-run differences
     # (diff [1, 2, -2]: mean 0.33, std 2.08, s.e. 1.20)
-    assert rv.paired_cell([50, 52, 48], [49, 50, 50]) == "+0.3 ± 1.2"
-    assert rv.paired_cell([49, 50], [49, 50]) == "+0.0 ± 0.0"
+    assert quality.paired_cell([50, 52, 48], [49, 50, 50]) == "+0.3 ± 1.2"
+    assert quality.paired_cell([49, 50], [49, 50]) == "+0.0 ± 0.0"
     with pytest.raises(ValueError, match="paired runs"):
-        rv.paired_cell([1, 2, 3], [1, 2])
+        quality.paired_cell([1, 2, 3], [1, 2])
+    # bench/quality.py --paired-to: the same statistic per row against the reference row, seed by seed
+    rows = {"ms": {"per_seed": [{"recall_at_1": v} for v in (0.49, 0.50, 0.50)], "seeds": [0, 1, 2]},
+            "hms": {"per_seed": [{"recall_at_1": v} for v in (0.50, 0.52, 0.48)], "seeds": [0, 1, 2]},
+            "raw": {"per_seed": [{"recall_at_1": 0.3}], "seeds": [0]}}
+    lines = quality.paired_lines({"datasets": {"glyphs": {"rows": rows}}}, "ms")
+    assert lines == ["glyphs: hms − ms R@1 +0.3 ± 1.2 (paired over seeds 0,1,2; higher on 2 of 3)"]
 
 
 def test_row_validation_protocol_flags(capsys):

@@ -284,6 +284,9 @@ def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
     paper = module.HIER.parse(["--dataset", "cub", "--data-root", str(tmp_path)])
     assert (paper.hier_weight, paper.hier_proxies, paper.backbone) == (1.0, 512, "vit_small_patch16_224")
     assert paper.radial_calibration == 0.0  # the paper's setting on the real benchmarks
+    # MultiSimilarity on the Poincaré similarity on the glyphs (chosen on validation), the paper's cosine elsewhere
+    assert glyphs.ms_similarity == "poincare" and paper.ms_similarity == "cosine"
+    assert module.HIER.parse(["--ms-similarity", "cosine"]).ms_similarity == "cosine"
     instances = []
     run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0", "--radial-calibration", "0"], instances=instances)
     assert isinstance(instances[0].trainer.mining_funcs["tuple_miner"], MultiSimilarityMiner)
@@ -296,15 +299,15 @@ def test_hier_recipe_main_loss_alone_and_presets(tmp_path):
 
 
 def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
-    """``--ms-similarity poincare``: MultiSimilarity and its miner share one PoincareSimilarity on the
-    recipe's geometry (by reference), T = 2·clip_r by default or --ms-scale; with HIER and alone."""
+    """``--ms-similarity poincare`` (the glyph default): MultiSimilarity and its miner share one
+    PoincareSimilarity on the recipe's geometry (by reference), T = 2·clip_r by default or --ms-scale;
+    with HIER and alone. The preset's similarity does not stop --main-loss pa (its own test)."""
     from pytorch_metric_learning.losses import MultiSimilarityLoss
 
     from pml_hyperbolic.distances import PoincareSimilarity
 
     instances = []
-    run("hier", "HIER", tmp_path, ["--no-plots", "--ms-similarity", "poincare", "--hier-proxies", "8"],
-        instances=instances)
+    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-proxies", "8"], instances=instances)  # the glyph default
     recipe = instances[0]
     losses = recipe.trainer.loss_funcs["metric_loss"].losses[0]  # [MS + HIER, glyph radial calibration]
     main, miner = losses.losses[0], losses.miners[0]
@@ -321,7 +324,8 @@ def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ms-similarity", "poincare", "--main-loss", "pce"], "needs --main-loss ms"),
-    (["--ms-scale", "2"], "needs --ms-similarity poincare"),
+    (["--ms-similarity", "cosine", "--ms-scale", "2"], "--ms-scale needs"),
+    (["--main-loss", "pce", "--ms-scale", "2"], "--ms-scale needs"),
     (["--ms-similarity", "poincare", "--ms-scale", "0"], "--ms-scale"),
     (["--ms-similarity", "euclid"], "invalid choice"),
 ])
