@@ -337,10 +337,6 @@ def test_hyp_vit_recipe_terms_off_by_default_and_on_by_flag(tmp_path):
     (["--radial-calibration", "-1"], ">= 0"),
 ])
 def test_recipe_flag_errors(flags, message, tmp_path, capsys):
-    from test_recipe_end_to_end import TINY, load_recipe
+    from test_recipe_end_to_end import expect_flag_error, load_recipe
 
-    recipe = load_recipe("hyp_vit").HypViT
-    with pytest.raises(SystemExit) as exit_info:
-        recipe.main(TINY + ["--output-dir", str(tmp_path / "run")] + flags)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    expect_flag_error(load_recipe("hyp_vit").HypViT, flags, message, tmp_path, capsys)

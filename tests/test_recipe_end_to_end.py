@@ -28,6 +28,14 @@ TINY = ["--dataset", "glyphs", "--backbone", "test_vit", "--pretrained", "false"
         "--quiet", "--no-tensorboard", "--amp", "off", "--freeze-trunk", "false"]
 
 
+def expect_flag_error(recipe_cls, flags, message, tmp_path, capsys):
+    """The recipe refuses ``flags`` with exit status 2 and ``message`` on stderr (one ``error:`` line)."""
+    with pytest.raises(SystemExit) as exit_info:
+        recipe_cls.main(TINY + ["--output-dir", str(tmp_path / "run")] + list(flags))
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def run(name, cls, tmp_path, extra=(), before=False, instances=None):
     """Run a recipe's ``main`` on TINY; with ``instances`` (a list) the recipe object that ran is
     appended to it, so a test can inspect the loss, trainer and datasets it really built."""
@@ -330,11 +338,7 @@ def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
     (["--ms-similarity", "euclid"], "invalid choice"),
 ])
 def test_hier_recipe_ms_similarity_flag_errors(flags, message, tmp_path, capsys):
-    recipe = load_recipe("hier").HIER
-    with pytest.raises(SystemExit) as exit_info:
-        recipe.main(TINY + ["--output-dir", str(tmp_path / "run")] + flags)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    expect_flag_error(load_recipe("hier").HIER, flags, message, tmp_path, capsys)
 
 
 def test_hier_recipe_proxy_anchor_main_loss(tmp_path):
