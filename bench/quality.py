@@ -38,7 +38,10 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 
 **Rows.** ``raw`` pretrained pooled features (no training) · ``supcon`` PML ``SupConLoss`` (cosine,
 τ = 0.1: the Sph- baseline) · ``ms`` PML ``MultiSimilarityLoss`` + ``MultiSimilarityMiner`` ·
-``hypvit`` Hyp-ViT pairwise CE (c = 0.1, τ = 0.2) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
+``hypvit`` Hyp-ViT pairwise CE (c = 0.1, τ = 0.2) · ``hms`` MultiSimilarity + miner on the ball
+(``PoincareSimilarity``, 1 − d/T with T = 2·clip_r; ``recipes/hier.py --hier-weight 0``) · ``hier_ms`` HIER's
+recipe (its glyph default: the same plus 0.3·HIER; ``hier_ms_cosine`` on the cosine, the default before stop
+26) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
 τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
 default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
@@ -84,6 +87,7 @@ class Row:
 
 
 def build_rows():
+    from pml_hyperbolic.geometry import DEFAULT_CLIP_R
     from pml_hyperbolic.training.presets import (HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,
                                                  HCL_GLYPH_VIEW_AUGMENTATION, HIER_MARGIN_GLYPH_HEAD_LR)
     hcl_argv = ["--samples-per-class", "1", "--ball-curvature", "0.05", "--temperature", "0.2",
@@ -109,7 +113,8 @@ def build_rows():
         Row("hier_ms_cal", "HIER: MultiSimilarity (cosine) + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1", "--ms-similarity", "cosine"]),
         # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
-        Row("hms", "MultiSimilarity + miner on the Poincaré similarity 1 − d/4.6 (c=0.1; recipes/hier.py, no HIER)",
+        Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (c=0.1; "
+            "recipes/hier.py, no HIER)",
             ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
         # = hier_ms since stop 26 (the flag explicit: the row that chose it, bench/results/poincare_similarity_ms_stop26.txt)
         Row("hier_hms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
