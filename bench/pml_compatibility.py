@@ -1,11 +1,14 @@
 #!/usr/bin/env python
-"""Which PML losses and miners work with ``PoincareDistance``? Runs every one and prints the table.
+"""Which PML losses and miners work with ``PoincareDistance`` and ``PoincareSimilarity``? Runs every one
+and prints the table.
 
     python bench/pml_compatibility.py            # the Markdown table of the README (about 20 s)
 
-Each loss / miner is built with its default arguments plus ``distance=PoincareDistance(c=0.1)`` (and
-the sizes a classification loss needs: 4 classes, 8-d embeddings), then called on 16 points of the
-c = 0.1 ball (4 classes × 4) with a backward pass. Verdicts:
+Each loss / miner is built with its default arguments plus ``distance=PoincareDistance(c=0.1)``, and
+again with ``distance=PoincareSimilarity(c=PoincareGeometry(c=0.1))`` (1 − d/T, T = 2·clip_r: an
+inverted distance, as the cosine-only losses demand), and the sizes a classification loss needs (4
+classes, 8-d embeddings), then called on 16 points of the c = 0.1 ball (4 classes × 4) with a
+backward pass. Verdicts:
 
 * ``works``: finite loss and finite gradients (a miner: returns index tuples);
 * ``refused``: PML refuses the distance at construction (its own asserts: the loss needs an inverted
@@ -46,11 +49,25 @@ def _build(cls, distance):
     return cls(**kwargs)
 
 
-def loss_verdict(cls) -> str:
+def _poincare_distance():
     from pml_hyperbolic.distances import PoincareDistance
 
+    return PoincareDistance(c=0.1)
+
+
+def _poincare_similarity():
+    from pml_hyperbolic import PoincareGeometry
+    from pml_hyperbolic.distances import PoincareSimilarity
+
+    return PoincareSimilarity(c=PoincareGeometry(c=0.1))
+
+
+DISTANCES = (("PoincareDistance", _poincare_distance), ("PoincareSimilarity", _poincare_similarity))
+
+
+def loss_verdict(cls, make_distance=_poincare_distance) -> str:
     try:
-        loss_fn = _build(cls, PoincareDistance(c=0.1))
+        loss_fn = _build(cls, make_distance())
     except Exception:  # PML's own asserts (and any other refusal) at construction
         return "refused"
     x, labels = _points()
@@ -65,11 +82,9 @@ def loss_verdict(cls) -> str:
     return "works"
 
 
-def miner_verdict(cls) -> str:
-    from pml_hyperbolic.distances import PoincareDistance
-
+def miner_verdict(cls, make_distance=_poincare_distance) -> str:
     try:
-        miner = _build(cls, PoincareDistance(c=0.1))
+        miner = _build(cls, make_distance())
     except Exception:
         return "refused"
     x, labels = _points()
@@ -91,15 +106,19 @@ def table() -> str:
         for name, cls in sorted(inspect.getmembers(module, inspect.isclass)):
             if name in SKIP or not issubclass(cls, base):
                 continue
-            torch.manual_seed(0)
-            rows.append((kind, name, verdict(cls)))
-    counts = {v: sum(r[2] == v for r in rows) for v in ("works", "refused", "crashes", "non-finite")}
-    lines = [f"PML {pytorch_metric_learning.__version__}: "
-             + ", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(rows)}.", "",
-             "| kind | PML class | with `PoincareDistance` |", "|---|---|---|"]
-    lines += [f"| {k} | `{n}` | {v} |" for k, n, v in rows]
+            verdicts = []
+            for _, make_distance in DISTANCES:
+                torch.manual_seed(0)
+                verdicts.append(verdict(cls, make_distance))
+            rows.append((kind, name, verdicts))
+    lines = [f"PML {pytorch_metric_learning.__version__}, {len(rows)} losses and miners."]
+    for column, (distance_name, _) in enumerate(DISTANCES):
+        counts = {v: sum(r[2][column] == v for r in rows) for v in ("works", "refused", "crashes", "non-finite")}
+        lines.append(f"With `{distance_name}`: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ".")
+    lines += ["", "| kind | PML class | " + " | ".join(f"with `{d}`" for d, _ in DISTANCES) + " |",
+              "|---|---|" + "---|" * len(DISTANCES)]
+    lines += [f"| {k} | `{n}` | " + " | ".join(v) + " |" for k, n, v in rows]
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     print(table())

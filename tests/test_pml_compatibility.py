@@ -1,4 +1,4 @@
-"""The README's table of PML losses and miners that take PoincareDistance is what they do today."""
+"""The README's table of PML losses and miners that take PoincareDistance / PoincareSimilarity is what they do today."""
 import os
 import sys
 
@@ -18,6 +18,7 @@ def test_readme_compatibility_table_is_regenerated_from_the_losses():
     with open(os.path.join(BENCH, os.pardir, "README.md"), encoding="utf-8") as fh:
         readme = fh.read()
     assert table in readme, "README's compatibility table is stale: paste `python bench/pml_compatibility.py`"
-    # the losses the README's examples use must work
+    # the losses the README's examples use must work, with the distance and with the similarity
     for name in ("TripletMarginLoss", "SupConLoss", "MultiSimilarityLoss", "ContrastiveLoss"):
-        assert f"| loss | `{name}` | works |" in table
+        assert f"| loss | `{name}` | works | works |" in table
+    assert "| miner | `MultiSimilarityMiner` | works | works |" in table
