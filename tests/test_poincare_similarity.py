@@ -26,6 +26,9 @@ def test_defaults_take_the_scale_from_the_geometry():
     sim = PoincareSimilarity(c=geometry)
     assert sim.scale == pytest.approx(3.0) and sim._c is geometry  # shared by reference
     assert "scale=3" in repr(sim)
+    geometry.clip_r = 1.0  # T is read from the geometry at each use, not copied at construction
+    assert sim.scale == pytest.approx(2.0)
+    assert PoincareSimilarity(c=geometry, scale=5.0).scale == 5.0  # a given scale stays
 
 
 def test_smoke_and_shapes():

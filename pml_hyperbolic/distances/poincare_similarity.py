@@ -53,10 +53,15 @@ class PoincareSimilarity(PoincareDistance):
             if not math.isfinite(max_dist0):
                 raise ValueError("scale=None takes T from a clipping PoincareGeometry's max_dist0(); "
                                  f"got c={c!r}: pass scale (> 0) explicitly")
-            scale = max_dist0
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
-        self.scale = float(scale)
+        # None: read from the geometry at each use (the clip radius has one owner)
+        self._scale = None if scale is None else float(scale)
+
+    @property
+    def scale(self) -> float:
+        """T: the given scale, or the geometry's current ``max_dist0()``."""
+        return self._c.max_dist0() if self._scale is None else self._scale
 
     def _to_similarity(self, dist: torch.Tensor) -> torch.Tensor:
         return 1.0 - dist / self.scale
