@@ -120,5 +120,6 @@ def table() -> str:
     lines += [f"| {k} | `{n}` | " + " | ".join(v) + " |" for k, n, v in rows]
     return "\n".join(lines)
 
+
 if __name__ == "__main__":
     print(table())

@@ -107,11 +107,9 @@ class HIER(RecipeCommandLine):
         a = self.args
         if a.main_loss == "ms":
             from pytorch_metric_learning.losses import MultiSimilarityLoss
-            from pytorch_metric_learning.miners import MultiSimilarityMiner
 
-            similarity = self.multi_similarity_distance()
-            main = MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **similarity)
-            miner = MultiSimilarityMiner(epsilon=0.1, **similarity)
+            main = MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **self.multi_similarity_distance())
+            miner = self.multi_similarity_miner()
         elif a.main_loss == "pa":
             from pml_hyperbolic.training.runner import training_class_count
             from pytorch_metric_learning.losses import ProxyAnchorLoss
@@ -136,18 +134,26 @@ class HIER(RecipeCommandLine):
     def build_miner(self):
         if self.args.main_loss != "ms" or self.args.hier_weight:
             return None
+        return self.multi_similarity_miner()
+
+    def multi_similarity_miner(self):
+        """MultiSimilarity's miner (ε 0.1) on the loss's similarity: beside HIER inside
+        ``MultipleLosses``, alone as the trainer's miner."""
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 
         return MultiSimilarityMiner(epsilon=0.1, **self.multi_similarity_distance())
 
     def multi_similarity_distance(self):
         """``distance=`` for MultiSimilarity and its miner: PML's default cosine, or the Poincaré
-        similarity on this recipe's geometry (one object, shared by reference with the head)."""
+        similarity on this recipe's geometry (one object, built once, shared by the loss and the miner;
+        the geometry shared by reference with the head)."""
         if self.args.ms_similarity == "cosine" or self.args.main_loss != "ms":
             return {}
-        from pml_hyperbolic.distances import PoincareSimilarity
+        if getattr(self, "_ms_similarity", None) is None:
+            from pml_hyperbolic.distances import PoincareSimilarity
 
-        return {"distance": PoincareSimilarity(c=self.geometry, scale=self.args.ms_scale)}
+            self._ms_similarity = PoincareSimilarity(c=self.geometry, scale=self.args.ms_scale)
+        return {"distance": self._ms_similarity}
 
 
 if __name__ == "__main__":

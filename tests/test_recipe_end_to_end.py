@@ -327,7 +327,7 @@ def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
                                              "--ms-scale", "2", "--radial-calibration", "0"], instances=instances)
     recipe = instances[0]
     main, miner = recipe.trainer.loss_funcs["metric_loss"], recipe.trainer.mining_funcs["tuple_miner"]
-    assert main.distance.scale == 2.0 and miner.distance.scale == 2.0 and miner.distance._c is recipe.geometry
+    assert main.distance.scale == 2.0 and miner.distance is main.distance and miner.distance._c is recipe.geometry
 
 
 @pytest.mark.parametrize("flags, message", [
