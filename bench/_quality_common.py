@@ -29,16 +29,12 @@ import gzip
 import hashlib
 import os
 import struct
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.join(HERE, os.pardir) not in sys.path:
-    sys.path.insert(0, os.path.join(HERE, os.pardir))
 
 BANK_VERSION = 2
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist", "/usr/share/dataset-fashion-mnist",

@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 import torch
 
-import _quality_common as qc
+from bench import _quality_common as qc
 from pml_hyperbolic.training.cli import RecipeCommandLine
 
 
@@ -86,12 +86,12 @@ def bench_arguments(cfg: qc.BenchConfig, seed: int, output_dir: str):
     is the bench's own count: the recipe's default (``auto``) reads the machine's load before each
     phase, and 1 or 2 threads round the reductions differently, so a row read 44.3 or 49.0 validation
     R@1 for the same seed depending on the load when it started (``bench/row_validation.py --variants
-    ms --seeds 0``, stop 22)."""
+    ms --seeds 0``, 2026-11-26)."""
     return ["--threads", str(torch.get_num_threads()), "--dataset", "glyphs", "--backbone", cfg.backbone, "--image-size", str(cfg.image_size),
             "--batch-size", str(cfg.batch_size), "--samples-per-class", str(cfg.samples_per_class),
             "--epochs", "1", "--steps-per-epoch", str(cfg.steps), "--lr", f"{cfg.lr_tail:g}",
             "--head-lr", f"{cfg.lr_head:g}", "--weight-decay", f"{cfg.weight_decay:g}",
-            "--grad-clip", f"{cfg.grad_clip:g}", "--embedding-dim", str(cfg.embedding_dim),
+            "--grad-clip", f"{cfg.grad_clip:g}" if cfg.grad_clip else "none", "--embedding-dim", str(cfg.embedding_dim),
             "--freeze-trunk", "true" if cfg.trainable == "head" else "false", "--freeze-patch-embed", "false",
             "--amp", "off", "--seed", str(seed), "--eval-before", "false", "--eval-every", "1",
             "--eval-batch-size", "512", "--no-plots", "--no-tensorboard", "--quiet", "--overwrite",

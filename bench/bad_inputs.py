@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bad inputs against the public API: does each one get a clear error?
 
-    python bench/bad_inputs.py          # the table and the counts (a few seconds)
+    python -m bench bad_inputs          # the table and the counts (a few seconds)
 
 Every case calls one public component with one bad argument or input. Verdicts:
 
@@ -140,12 +140,21 @@ def run():
     return rows, counts
 
 
-if __name__ == "__main__":
+def main(argv=None) -> list:
+    """Print the verdict table; return one row per bad input."""
+    import argparse
     import warnings
 
-    warnings.simplefilter("ignore")
-    rows, counts = run()
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows, counts = run()
     print("| component | bad input | verdict |\n|---|---|---|")
     for comp, what, v in rows:
         print(f"| `{comp}` | {what} | {v} |")
     print(f"\n{len(rows)} bad inputs: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    return [{"component": comp, "bad input": what, "verdict": v} for comp, what, v in rows]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """δ-hyperbolicity: blocked (max, min) product (gromov_delta) vs a naive n×n×n broadcast.
 
-    python bench/delta.py            # n = 2000 (ours) and the naive baseline on n = 400/600
-    python bench/delta.py --n 1000
+    python -m bench delta            # n = 2000 (ours) and the naive baseline on n = 400/600
+    python -m bench delta --n 1000
 
 Same run, CPU, --threads threads (gromov_delta itself drops to 1 thread when the machine's cores
 are taken; see pml_hyperbolic.threads). Each time is the wall time at --threads with the 1-thread
@@ -19,10 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _load import cpu_1thread, load_text  # noqa: E402
+from bench._load import cpu_1thread, load_text  # noqa: E402
 
 from pml_hyperbolic.evaluation import gromov_delta, relative_delta, suggest_curvature  # noqa: E402
 from pml_hyperbolic.evaluation.delta_hyperbolicity import BLOCK_COLS, BLOCK_ROWS  # noqa: E402
@@ -38,8 +35,7 @@ def rss_mb():
 
 
 _PEAK_SNIPPET = """
-import re, sys, torch
-sys.path.insert(0, {root!r})
+import re, torch
 from pml_hyperbolic.evaluation import gromov_delta
 torch.set_num_threads({threads})
 def field(name):
@@ -60,19 +56,20 @@ def peak_rss_growth_mb(n, dim, dtype, threads):
     (VmHWM reset through /proc/self/clear_refs just before the call), so earlier steps do not hide it."""
     import subprocess
 
-    code = _PEAK_SNIPPET.format(root=str(Path(__file__).resolve().parents[1]), threads=threads, n=n, dim=dim,
+    code = _PEAK_SNIPPET.format(threads=threads, n=n, dim=dim,
                                 dtype=dtype)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[1]))
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=2000)
     p.add_argument("--naive-n", type=int, nargs="+", default=[400, 600])
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.threads < 1:
         p.error("--threads must be >= 1")
     torch.set_num_threads(args.threads)

@@ -3,7 +3,7 @@
 Prints one table per size with the median time of each implementation as a ratio to PML's
 ``CosineSimilarity`` measured in the same run (the repeats of the fast methods are interleaved so
 that load from other processes hits all of them alike), plus the peak extra memory of one
-forward+backward, and the headline ratio of issue 2 (target <= 1.5). Exit code 0 either way: it
+forward+backward, and the headline ratio (target <= 1.5). Exit code 0 either way: it
 is a report, not a test.
 
 Methods (all float32, inputs are points of the c = 0.1 ball, like HyperbolicEmbeddingHead output):
@@ -22,7 +22,7 @@ high-water mark of resident memory (write 5 to /proc/self/clear_refs) and report
 forward+backward minus VmRSS just before it. torch's CPU allocator returns large blocks to the OS, so this is the peak
 of the memory the case itself needed (inputs excluded).
 
-Radial cases (``--radial``, issue 16): the kernel's cost and error depend on where the points lie
+Radial cases (``--radial``): the kernel's cost and error depend on where the points lie
 (near the origin its closeness test and log1p work hardest), so the same ratios are taken on
 head-like points, hyperbolic radii d₀ uniform in [1, 2.5], [0, 2.5] and [0, 0.5] (four seeds), all
 points at the origin, d₀ in [15, 30] and points at ``project``'s edge: fwd+bwd as a ratio to
@@ -31,17 +31,17 @@ time, interleaved), the max error against a float64 reference, and the load aver
 column says which elementwise tail ran: the fused native loop (``pml_hyperbolic/_native.py``) or
 the torch ops.
 
-Usage:  python bench/distance.py            (N=M=900 and N=M=4096, D=128, ~2-3 min)
-        python bench/distance.py --quick    (N=M=900 only)
-        python bench/distance.py --radial [--quick] [--log1p]   (~2 min; --quick: N = 900 only)
-        python bench/distance.py --radial --native-vs-torch   (the kernel's fused native tail and its
+Usage:  python -m bench distance            (N=M=900 and N=M=4096, D=128, ~2-3 min)
+        python -m bench distance --quick    (N=M=900 only)
+        python -m bench distance --radial [--quick] [--log1p]   (~2 min; --quick: N = 900 only)
+        python -m bench distance --radial --native-vs-torch   (the kernel's fused native tail and its
                                     torch fallback side by side; --no-native: the torch tail only)
-        python bench/distance.py --radial --symmetric-vs-general   (x is y: the symmetric path
+        python -m bench distance --radial --symmetric-vs-general   (x is y: the symmetric path
                                     (triangular product, native symmetric tail) against the general
                                     path with the native tail, side by side in one run)
-        python bench/distance.py --symmetric-parts [--quick]   (the symmetric forward's parts: the
+        python -m bench distance --symmetric-parts [--quick]   (the symmetric forward's parts: the
                                     triangular product, its tail per block or after, the row terms)
-        python bench/distance.py --log1p    (adds aten log1p_ vs the kernel's log-based form)
+        python -m bench distance --log1p    (adds aten log1p_ vs the kernel's log-based form)
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ import torch
 from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.distances import PoincareDistance
 from pytorch_metric_learning.distances import CosineSimilarity, LpDistance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 C = 0.1
 BROADCAST_LIMIT_BYTES = 8e9  # skip N×M×D methods whose single N×M×D float32 tensor exceeds this
@@ -149,7 +151,7 @@ def memory_case(name: str, n: int, dim: int) -> None:
 def measure_memory(name: str, n: int, dim: int) -> str:
     try:
         out = subprocess.run(
-            [sys.executable, __file__, "--memory-case", name, str(n), str(dim)],
+            [sys.executable, "-m", "bench.distance", "--memory-case", name, str(n), str(dim)], cwd=ROOT,
             capture_output=True, text=True, timeout=600, check=True,
         ).stdout.split()[-1]
         return f"{int(out) / 2**20:,.0f} MB"
@@ -201,7 +203,7 @@ def bench_size(n: int, dim: int, repeats: int, slow_repeats: int, memory: bool):
     return med
 
 
-# ------------------------------------------------------------------ radial distributions (issue 16)
+# ------------------------------------------------------------------ radial distributions
 def radial_points(n: int, dim: int, d0_low: float, d0_high: float, seed: int) -> torch.Tensor:
     """float32 points of the c = 0.1 ball in random directions whose HYPERBOLIC distance to the
     origin d₀ = (2/√c)·artanh(√c‖x‖) is uniform in [d0_low, d0_high] (made in float64, then cast)."""
@@ -409,8 +411,8 @@ def compare_log1p_states(repeats: int) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for state in ("fresh", "after-pow"):
         try:
-            out = subprocess.run([sys.executable, __file__, "--log1p-state", state, "--repeats", str(repeats)],
-                                 capture_output=True, text=True, timeout=600, check=True).stdout
+            out = subprocess.run([sys.executable, "-m", "bench.distance", "--log1p-state", state, "--repeats", str(repeats)],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
             print(out.strip())
         except Exception as exc:  # a report, not a test: say what failed
             print(f"| - | {state} | n/a ({type(exc).__name__}) |")
@@ -522,15 +524,21 @@ def main(argv=None) -> int:
         if args.log1p:
             compare_log1p_states(max(5, args.repeats // 4))
         return 0
-    med = bench_size(900, 128, args.repeats, 3, not args.no_memory)
-    if not args.quick:
-        bench_size(4096, 128, max(5, args.repeats // 6), 2, not args.no_memory)
+    rows = []
+    sizes = ((900, args.repeats, 3),) + (() if args.quick else ((4096, max(5, args.repeats // 6), 2),))
+    for n, repeats, slow_repeats in sizes:
+        med_n = bench_size(n, 128, repeats, slow_repeats, not args.no_memory)
+        med = med_n if n == 900 else med
+        base = med_n["CosineSimilarity"]
+        rows += [{"n": n, "d": 128, "method": k, "baseline": "CosineSimilarity", "fwd ms": round(m["fwd"] * 1e3, 3),
+                  "fwd ratio": round(m["fwd"] / base["fwd"], 2), "fwd+bwd ms": round(m["fb"] * 1e3, 3),
+                  "fwd+bwd ratio": round(m["fb"] / base["fb"], 2)} for k, m in med_n.items()]
     ratio = med["pairwise_dist(x, x)"]["fb"] / med["CosineSimilarity"]["fb"]
     print(f"\npairwise_dist fwd+bwd / CosineSimilarity = {ratio:.2f} (target ≤ 1.5)")
     if args.log1p:
         compare_log1p_states(max(5, args.repeats // 4))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

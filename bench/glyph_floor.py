@@ -8,7 +8,7 @@ under the hard protocol (held-out characters; queries in the "display" typeface
 family, gallery in the serif + sans families) and, for reference, the easy
 "test" protocol (all held-out images, each query against all others, self excluded).
 
-    python bench/glyph_floor.py [--image-size 64] [--batch-size 256]
+    python -m bench glyph_floor [--image-size 64] [--batch-size 256]
 """
 
 import argparse
@@ -60,12 +60,12 @@ def evaluate(name, featurize, test):
     print(f"{name:46s} {cells}   | {easy[1]:6.3f}   ({time.time() - start:5.1f}s)", flush=True)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     q, g, test = (GlyphDataset(split=s) for s in ("query", "gallery", "test"))
     # query/gallery are the test split partitioned by typeface family, with the same labels

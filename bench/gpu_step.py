@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """GPU cost of one training step of the recipes, paper setup, against PML's SupCon in the same run.
 
-    python bench/gpu_step.py                          # CUDA, every row, 20 timed steps after 5 warm-up
-    python bench/gpu_step.py --rows hyp_uml,hyp_vit   # some rows (their baselines are added)
-    python bench/gpu_step.py --json gpu_step.json     # the numbers as JSON too
-    python bench/gpu_step.py --device cpu --batch-size 12 --image-size 32 --steps 2 --warmup 1   # smoke
+    python -m bench gpu_step                          # CUDA, every row, 20 timed steps after 5 warm-up
+    python -m bench gpu_step --rows hyp_uml,hyp_vit   # some rows (their baselines are added)
+    python -m bench gpu_step --json gpu_step.json     # the numbers as JSON too
+    python -m bench gpu_step --device cpu --batch-size 12 --image-size 32 --steps 2 --warmup 1   # smoke
 
 Setup (the papers'): ViT-S/16 (``vit_small_patch16_224``, random init, nothing downloaded) at 224 px,
 128-d head, AdamW (lr 3e-5, wd 0.01), gradient-norm clip 3, frozen patch embedding, AMP as
@@ -55,8 +55,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:  # run as `python bench/gpu_step.py` from a checkout that is not pip-installed
-    sys.path.insert(0, ROOT)
 
 ROW_NAMES = ("baseline", "hyp_uml", "hyp_uml_paper", "hyp_vit", "hyp_mix", "hier")
 DEFAULT_ROWS = ROW_NAMES

@@ -2,8 +2,8 @@
 """HCL's MoCo branch on its key queue: PML's ``NTXentLoss`` against the pairwise cross-entropy on the
 cosine that ``recipes/hcl.py`` uses (the same loss and gradients when every query has one positive).
 
-    python bench/hcl_queue.py                                   # CPU: batch 64, queues 4096 and 65536
-    python bench/hcl_queue.py --device cuda --batch 256 --queues 4096,16384,65536   # the paper's batch
+    python -m bench hcl_queue                                   # CPU: batch 64, queues 4096 and 65536
+    python -m bench hcl_queue --device cuda --batch 256 --queues 4096,16384,65536   # the paper's batch
 
 Each case runs in a fresh process: a ``KeyQueue`` (PML ``CrossBatchMemory``) is filled to capacity with
 random unit keys, then one warm-up and ``--repeats`` timed steps of what ``HCLTrainer`` does for this
@@ -105,11 +105,11 @@ def measure(loss_name: str, batch: int, queue: int, dim: int, device: str, repea
 
 def run_case(loss_name, batch, queue, dim, device, repeats, threads) -> dict:
     """``measure`` in a fresh interpreter (so one case's peak and allocator state do not reach another)."""
-    code = (f"import sys, json; sys.path.insert(0, {HERE!r}); sys.path.insert(0, {ROOT!r}); import hcl_queue; "
+    code = (f"import json; from bench import hcl_queue; "
             f"print(json.dumps(hcl_queue.measure({loss_name!r}, {batch}, {queue}, {dim}, {device!r}, {repeats}, "
             f"{threads})))")
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed tensors go back to the OS: honest peaks
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": "killed (out of memory?)" if out.returncode < 0 else f"failed: {tail}"}
@@ -138,7 +138,7 @@ def main(argv=None) -> list:
     batches, queues = positive_ints(a.batch, "--batch"), positive_ints(a.queues, "--queues")
     if a.repeats < 1 or a.dim < 1 or a.threads < 1:
         raise SystemExit("--repeats, --dim and --threads must be at least 1")
-    print(f"# python bench/hcl_queue.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"# python -m bench hcl_queue {' '.join(sys.argv[1:] if argv is None else argv)}")
     print(f"# device {a.device}, dim {a.dim}, {a.threads} thread(s), median of {a.repeats} steps after one warm-up")
     print("| batch | queue | loss | step ms | peak MiB | NTXent / pairwise CE (time, memory) |")
     print("|---:|---:|---|---:|---:|---|")

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """HCL on the bundled glyphs: choose its trunk learning rate, hyperbolic weight and object views on validation.
 
-    python bench/hcl_validation.py --threads 1                          # 3 × 3 grid, seed 0, then the best 2 on seeds 0,1,2
-    python bench/hcl_validation.py --lrs 3e-4 --weights 0.1 --seeds 0   # one setting
-    python bench/hcl_validation.py --lrs 3e-5 --weights 0.1 --views crop,font --carve-seeds 0,1,2,3 --seeds 0,1,2
+    python -m bench hcl_validation --threads 1                          # 3 × 3 grid, seed 0, then the best 2 on seeds 0,1,2
+    python -m bench hcl_validation --lrs 3e-4 --weights 0.1 --seeds 0   # one setting
+    python -m bench hcl_validation --lrs 3e-5 --weights 0.1 --views crop,font --carve-seeds 0,1,2,3 --seeds 0,1,2
 
-Issue 13 item 4 ("no method below its starting point"): with the paper's setting, ``bench/quality.py``'s
+The target "no method below its starting point": with the paper's setting, ``bench/quality.py``'s
 ``hcl`` row scored below the untrained features it starts from. This script picks the row's setting
 without looking at the test characters. 32 of the 160 training characters are carved out as
 **validation** (``_quality_common.carve_validation``; ``--carve-seeds`` picks which, several carves
@@ -26,8 +26,8 @@ mean paired gain over its runs. Test classes are never loaded by this script's t
 Cost (1 thread): one run is ~35 CPU-s since the MoCo branch runs as the pairwise CE (225-280 CPU-s with
 PML's NTXentLoss); the first call also builds the glyph bank (~2 min) and one scene bank per carve
 and view augmentation (~20 s each). The glyph default (``pml_hyperbolic.training.presets``,
-``HCL_GLYPH_*``) was chosen with four calls of 4 carves × 3 seeds (``bench/results/hcl_validation_stop23.txt``;
-the figures are in ``recipes/hcl.py``'s docstring).
+``HCL_GLYPH_*``) was chosen with four calls of 4 carves × 3 seeds (the figures are in ``docs/design/records.md``,
+section "HCL validation").
 """
 from __future__ import annotations
 
@@ -41,9 +41,8 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
-import quality  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
+from bench import quality  # noqa: E402
 
 from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # noqa: E402
                                              HCL_GLYPH_TRUNK_LR, HCL_GLYPH_VIEW_AUGMENTATION,
@@ -265,7 +264,7 @@ def main(argv=None):
     cfg = qc.BenchConfig(threads=a.threads)
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
-    print("# " + shlex.join(["python", "bench/hcl_validation.py"] + list(sys.argv[1:] if argv is None else argv)))
+    print("# " + shlex.join(["python", "-m", "bench", "hcl_validation"] + list(sys.argv[1:] if argv is None else argv)))
     print(f"budget: {cfg.describe()}; HCL row flags: {' '.join(quality.ROWS['hcl'].argv)} "
           f"--queue-size {cfg.hcl_queue}, {cfg.hcl_scenes} scenes")
     print(f"machine: {qc.machine_line()}")

@@ -13,7 +13,7 @@ Every triplet is used (no subsampling: the devices' random streams differ). Exit
 error above 1e-4 (loss) or 1e-3 (gradient), or two backwards differing at all on CPU or by more than
 1e-5 on CUDA (3.2e-6 measured on an H200: float32 atomics in another order).
 
-    python bench/kernel_check.py            # cuda (if available) and cpu
+    python -m bench kernel_check            # cuda (if available) and cpu
 """
 import math
 import sys
@@ -35,8 +35,13 @@ def reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return 2 / math.sqrt(C) * torch.asinh(torch.sqrt(w + 1e-300))
 
 
-def main() -> int:
+def main(argv=None) -> list:
+    """Print the checks; return one row per check (its errors and whether it passed)."""
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     print("native:", _native.status())
+    rows = []
     devices = (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
     g = torch.Generator().manual_seed(0)
     ok = True
@@ -58,13 +63,16 @@ def main() -> int:
             d_xy = pb.pairwise_dist(xg.detach(), x[: n // 2].float().to(device), C)
             err_xy = ((d_xy.double().cpu() - ref_xy).abs() / ref_xy.clamp_min(1e-2)).max().item()
             print(f"{device} n={n} x-is-y: max rel err D {err:.1e}, grad rel err {gerr:.1e}; x, y: {err_xy:.1e}")
-            ok &= err < 1e-4 and gerr < 1e-3 and err_xy < 1e-4
-    ok &= hier_check(devices, g)
+            passed = err < 1e-4 and gerr < 1e-3 and err_xy < 1e-4
+            rows.append({"check": "pairwise_dist vs float64", "device": device, "n": n, "rel err D (x is y)": err,
+                         "rel err grad": gerr, "rel err D (x, y)": err_xy, "passed": passed})
+            ok &= passed
+    ok &= hier_check(devices, g, rows)
     print("kernel check ok" if ok else "kernel check FAILED")
-    return 0 if ok else 1
+    return rows
 
 
-def hier_check(devices, g) -> bool:
+def hier_check(devices, g, rows) -> bool:
     from pml_hyperbolic.losses import HIERLoss
 
     n, d = 96, 32
@@ -95,9 +103,12 @@ def hier_check(devices, g) -> bool:
         again = ((second - first).abs().max() / first.abs().max()).item()
         print(f"{device} HIERLoss (eval, vs cpu float64): loss rel err {verr:.1e}, grad rel err {gerr:.1e}; "
               f"training, second backward vs first: {again:.1e}")
-        ok &= verr < 1e-4 and gerr < 1e-3 and (again == 0 if device == "cpu" else again <= 1e-5)
+        passed = verr < 1e-4 and gerr < 1e-3 and (again == 0 if device == "cpu" else again <= 1e-5)
+        rows.append({"check": "HIERLoss vs cpu float64", "device": device, "rel err loss": verr, "rel err grad": gerr,
+                     "second backward vs first": again, "passed": passed})
+        ok &= passed
     return ok
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(0 if all(row["passed"] for row in main()) else 1)

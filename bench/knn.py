@@ -1,10 +1,10 @@
 """Exact hyperbolic kNN (HyperbolicKNN) vs faiss IndexFlatIP and PML CustomKNN(PoincareDistance).
 
-    python bench/knn.py                     # Cars 8,131 / k=8 and SOP 60,000 / k=1000 self-retrieval,
+    python -m bench knn                     # Cars 8,131 / k=8 and SOP 60,000 / k=1000 self-retrieval,
                                             # then In-Shop 14,218 queries x 12,612 gallery / k=30
-    python bench/knn.py --quick             # smaller, for a smoke run
-    python bench/knn.py --cases 8131x8,20000x100 --repeats 3
-    python bench/knn.py --cases 2000x8 --collapsed 6000x5000   # + a collapsed model (5,000 duplicates)
+    python -m bench knn --quick             # smaller, for a smoke run
+    python -m bench knn --cases 8131x8,20000x100 --repeats 3
+    python -m bench knn --cases 2000x8 --collapsed 6000x5000   # + a collapsed model (5,000 duplicates)
 
 Two modes of HyperbolicKNN are timed: ``exact_ranks`` = the benchmark's Recall@K list (1, 2, 4, 8
 for the Cars size; 1, 10, 100, 1000 for SOP): neighbour sets exact at each listed K and at k,
@@ -31,17 +31,12 @@ Embeddings look like a trained head's output: Gaussian directions, norms clipped
 """
 import argparse
 import resource
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _load import cpu_1thread, load_text  # noqa: E402
+from bench._load import cpu_1thread, load_text  # noqa: E402
 
 from pml_hyperbolic import poincare_ball as pb  # noqa: E402
 from pml_hyperbolic.distances import PoincareDistance  # noqa: E402
@@ -257,7 +252,7 @@ def run_collapsed_case(n, n_duplicates, k, d, c, args):
           f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)
@@ -273,7 +268,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--collapsed", default="", help="e.g. 6000x5000: N points of which 5000 identical (k=8)")
     p.add_argument("--cases", default="", help="e.g. 8131x8,20000x100 (N x k)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import faiss
 
     torch.set_num_threads(args.threads)

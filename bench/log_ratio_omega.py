@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Ω / ε of ``HierarchicalLogRatioLoss`` (and the N×K ``HierarchicalMarginLoss``) chosen on a validation split.
 
-    OMP_NUM_THREADS=1 python bench/log_ratio_omega.py           # Ω grid, ε=1e-6, seeds 0-4, 300 steps (~4 min)
-    OMP_NUM_THREADS=1 python bench/log_ratio_omega.py --margin  # + HierarchicalMarginLoss flat vs (N, 2) (+~2 min)
-    OMP_NUM_THREADS=1 python bench/log_ratio_omega.py --eps 1e-6,0.1,1 --radius norm   # ε grid, the papers' head
-    OMP_NUM_THREADS=1 python bench/log_ratio_omega.py --omegas 10,1.2 --seeds 0 --steps 100   # smoke, ~20 s
+    OMP_NUM_THREADS=1 python -m bench log_ratio_omega           # Ω grid, ε=1e-6, seeds 0-4, 300 steps (~4 min)
+    OMP_NUM_THREADS=1 python -m bench log_ratio_omega --margin  # + HierarchicalMarginLoss flat vs (N, 2) (+~2 min)
+    OMP_NUM_THREADS=1 python -m bench log_ratio_omega --eps 1e-6,0.1,1 --radius norm   # ε grid, the papers' head
+    OMP_NUM_THREADS=1 python -m bench log_ratio_omega --omegas 10,1.2 --seeds 0 --steps 100   # smoke, ~20 s
 
 (Times: ~3-4 s per trained head of 300 steps + its evaluations, measured 2026-11-25 on 2 shared
 cores; the first run also builds the cached frozen-prefix bank, ~2 min.)
@@ -71,15 +71,12 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
 
 C = 0.1
 R1 = ("recall_at_1",)

@@ -1,8 +1,8 @@
 """Forward + backward time and peak memory of each pml_hyperbolic loss at B = 900, D = 128
 (100 classes x 9), as a ratio to PML's SupConLoss(CosineSimilarity) measured in the same run,
-followed by the miners' table of bench/miners.py (helper-C's) unless --no-miners.
+followed by the miners' table of bench/miners.py unless --no-miners.
 
-    .venv/bin/python bench/losses.py [--reps 5] [--threads N] [--device cpu|cuda] [--no-miners] [--only SUBSTR ...]
+    python -m bench losses [--reps 5] [--threads N] [--device cpu|cuda] [--no-miners] [--only SUBSTR ...]
 
 Time: one warm-up step per case, then --reps rounds; every round runs each case once, in turn
 (interleaved, so a change of machine load hits all cases alike); the table shows the median.
@@ -16,7 +16,7 @@ malloc's heap); after one warm-up step the kernel's peak-RSS counter is reset (w
 everything that step allocated at its high point (inputs and module state excluded). Where
 clear_refs is refused the column reads "n/a". CUDA: torch.cuda.max_memory_allocated over one step
 minus memory_allocated before it.
-Target (issue 3): every loss <= 2x the baseline time.
+Target: every loss <= 2x the baseline time.
 """
 import argparse
 import gc
@@ -139,9 +139,9 @@ def peak_memory_child(name, device):
 
 def peak_memory(name, device):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # fixed threshold: freed tensors are unmapped
-    out = subprocess.run([sys.executable, __file__, "--child", name, "--device", device,
+    out = subprocess.run([sys.executable, "-m", "bench.losses", "--child", name, "--device", device,
                           "--threads", str(torch.get_num_threads())],
-                         capture_output=True, text=True, env=env)
+                         capture_output=True, text=True, env=env, cwd=str(Path(__file__).resolve().parents[1]))
     if out.returncode != 0:
         return "fail"
     value = json.loads(out.stdout.strip().splitlines()[-1])
@@ -149,26 +149,26 @@ def peak_memory(name, device):
 
 
 def miners_table(reps, device):
-    """Print bench/miners.py's table (helper-C's script, run as is in a child process: it spawns
+    """Print bench/miners.py's table (run as is in a child process: it spawns
     its own measurement processes, which need an importable module)."""
     path = Path(__file__).with_name("miners.py")
     if not path.exists():
         print("(no bench/miners.py: miners not benchmarked)")
         return
-    print("\nMiners (`.venv/bin/python bench/miners.py --skip-60k`, same baseline; the 60k "
+    print("\nMiners (`python -m bench miners --skip-60k`, same baseline; the 60k "
           "pseudo-labeller row: run it without --skip-60k):", flush=True)
     # Its measurements run in spawned subprocesses: pin glibc's mmap threshold there too (sound
     # RSS peaks) and give them our thread count.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(torch.get_num_threads()))
-    out = subprocess.run([sys.executable, str(path), "--repeats", str(reps), "--device", device, "--skip-60k"],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-m", "bench.miners", "--repeats", str(reps), "--device", device, "--skip-60k"],
+                         capture_output=True, text=True, env=env, cwd=str(path.parents[1]))
     print(out.stdout.rstrip())
     if out.returncode != 0:
-        print(f"(bench/miners.py failed, exit {out.returncode}; run `.venv/bin/python bench/miners.py`)")
+        print(f"(bench/miners.py failed, exit {out.returncode}; run `python -m bench miners`)")
         print(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "")
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -178,7 +178,7 @@ def main():
                     help="torch threads; default: 1 when the 1-min load average exceeds the CPU count "
                          "(oversubscribed OpenMP barriers then dominate every op), else torch's default")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load0 = os.getloadavg()[0]
     if args.threads is None and load0 > (os.cpu_count() or 1):
         args.threads = 1
@@ -200,11 +200,16 @@ def main():
           "VmHWM reset via /proc/self/clear_refs, MALLOC_MMAP_THRESHOLD_=65536)" if args.device == "cpu"
           else "peak MiB = torch.cuda.max_memory_allocated over one fwd+bwd minus the allocation before it")
     print(f"{'loss':62s} {'fwd+bwd ms':>10s} {'x SupCon':>9s} {'peak MiB':>9s}")
+    rows = []
     for n in names:
-        print(f"{n:62s} {1000 * t[n]:10.1f} {t[n] / base:9.2f} {peak_memory(n, args.device):>9s}", flush=True)
+        peak = peak_memory(n, args.device)
+        print(f"{n:62s} {1000 * t[n]:10.1f} {t[n] / base:9.2f} {peak:>9s}", flush=True)
+        rows.append({"loss": n, "baseline": BASELINE, "device": args.device, "fwd+bwd ms": round(1000 * t[n], 2),
+                     "ratio": round(t[n] / base, 3), "peak MiB": peak})
     print(f"(losses: {time.perf_counter() - t_start:.0f} s, 1-min load average {os.getloadavg()[0]:.1f} at end)")
     if not args.no_miners:
         miners_table(args.reps, args.device)
+    return rows
 
 
 if __name__ == "__main__":

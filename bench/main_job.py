@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """CPU seconds per phase of the main job (``recipes/hyp_uml_cars.py`` on the bundled glyphs).
 
-    python bench/main_job.py                 # 1 thread (the default), run folder in a temp dir
-    python bench/main_job.py --threads 2     # what the recipe would use on the 2-core machine
-    python bench/main_job.py --as-before     # without issue 16's feature cache, chunking, kept memory,
+    python -m bench main_job                 # 1 thread (the default), run folder in a temp dir
+    python -m bench main_job --threads 2     # what the recipe would use on the 2-core machine
+    python -m bench main_job --as-before     # without the feature cache, chunking, kept memory,
                                              # greyscale glyph pipeline, cached glyph archive, gc.freeze,
                                              # channels-last trunk (--memory-format contiguous)
-    python bench/main_job.py -- --epochs 1   # extra arguments after -- go to the recipe
+    python -m bench main_job -- --epochs 1   # extra arguments after -- go to the recipe
 
 The recipe runs in this process; its phases are timed by wrapping methods of the classes it uses
 (no edit to the recipe or the runner): ``Recipe.setup_data`` (data), ``Recipe.setup_model``
@@ -100,7 +100,7 @@ def force_keywords(cls, **forced) -> None:
 
 
 def pre_issue_16_glyph_data(runner) -> None:
-    """Make ``Recipe.setup_data`` build the glyph data as before issue 16: torchvision's ToTensor +
+    """Make ``Recipe.setup_data`` build the glyph data as before the speed-up of 2026-11-25: torchvision's ToTensor +
     Normalize after an RGB conversion at the start (GlyphDataset then converts every image to RGB
     itself), and the ``.npz`` archive decompressed for every split. Installed on the first call, so
     torchvision's import stays in the data phase as in the job."""
@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: CPU time = work done)")
     parser.add_argument("--as-before", action="store_true",
-                        help="turn off what issue 16 added (the tester's frozen-trunk feature cache, the CPU "
+                        help="turn off what the speed-up of 2026-11-25 added (the tester's frozen-trunk feature cache, the CPU "
                              "trunk chunking and the kept freed memory, in tester and trainer; the greyscale glyph "
                              "pipeline, the cached glyph archive, the frozen long-lived objects and the "
                              "channels-last trunk): the same "
@@ -162,7 +162,6 @@ def main(argv=None) -> dict:
     import pytorch_metric_learning.testers  # noqa: F401
     from pml_hyperbolic.training import checkpoint, evaluation, runner, trainer
 
-    sys.path.insert(0, os.path.dirname(RECIPE))  # recipes are scripts, not a package
     recipe = runpy.run_path(RECIPE, run_name="hyp_uml_bench")["HypUML"]
     clock.switch("other")
     if args.as_before:

@@ -8,7 +8,7 @@ runs after one warm-up at --threads torch threads, "1t CPU" the least CPU time o
 with 1 thread (the figure a busy machine distorts least; CPU device only), and the load average is
 printed with the table. Usage:
 
-    .venv/bin/python bench/miners.py [--repeats 5] [--device cpu|cuda] [--threads 2] [--skip-60k]
+    python -m bench miners [--repeats 5] [--device cpu|cuda] [--threads 2] [--skip-60k]
 """
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _load import cpu_1thread, load_text  # noqa: E402
+from bench._load import cpu_1thread, load_text  # noqa: E402
 
 B, D, PER_CLASS = 900, 128, 9
 
@@ -111,7 +109,6 @@ def _case(name, device):
 def _measure(name, device, repeats, threads, queue):
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     run = _case(name, device)

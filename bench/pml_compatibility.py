@@ -2,7 +2,7 @@
 """Which PML losses and miners work with ``PoincareDistance`` and ``PoincareSimilarity``? Runs every one
 and prints the table.
 
-    python bench/pml_compatibility.py            # the Markdown table of the README (about 20 s)
+    python -m bench pml_compatibility            # the Markdown table of docs/plug-into-pml.md (about 20 s)
 
 Each loss / miner is built with its default arguments plus ``distance=PoincareDistance(c=0.1)``, and
 again with ``distance=PoincareSimilarity(c=PoincareGeometry(c=0.1))`` (1 − d/T, T = 2·clip_r: an
@@ -16,7 +16,7 @@ backward pass. Verdicts:
 * ``crashes``: construction passes but the call raises;
 * ``non-finite``: the loss or its gradient is NaN/Inf.
 
-``tests/test_pml_compatibility.py`` regenerates this table and checks the README holds it.
+``tests/test_pml_compatibility.py`` regenerates this table and checks docs/plug-into-pml.md holds it.
 """
 from __future__ import annotations
 
@@ -121,5 +121,21 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def main(argv=None) -> list:
+    """Print the table; return one row per PML class (its verdict with each distance)."""
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
+    text = table()
+    print(text)
+    header = [c.strip() for c in text.splitlines()[text.splitlines().index("") + 1].strip("|").split("|")]
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("| loss ") or line.startswith("| miner "):
+            cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
 if __name__ == "__main__":
-    print(table())
+    main()

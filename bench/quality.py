@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Method comparison on real data: every method against PML's strong baselines (issue 7).
+"""Method comparison on real data: every method against PML's strong baselines.
 
-    python bench/quality.py                 # full table: 3 seeds, 120 steps, all rows (36 min wall measured, 2026-11-23, 2 cores)
-    python bench/quality.py --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
-    python bench/quality.py --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
+    python -m bench quality                 # full table: 3 seeds, 120 steps, all rows (36 min wall measured, 2026-11-23, 2 cores)
+    python -m bench quality --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
+    python -m bench quality --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
 
 **Every method trains through its recipe** (``bench/_recipe_rows.py``): the recipe script's class
 with its parser, presets, geometry, head, loss, miner, optimisers, PML trainer (``trainer_class``:
@@ -62,16 +62,14 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 import warnings
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
-import _recipe_rows as rr  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
+from bench import _recipe_rows as rr  # noqa: E402
 
 HYP_C = 0.1
 
@@ -107,8 +105,8 @@ def build_rows():
         Row("hier_ms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
             "(128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
         Row("hier_ms_cosine", "HIER: MultiSimilarity on the cosine + 0.3·HIER + 0.03·radial calibration (the glyph "
-            "default until stop 26)", ("hier", "HIER"), ["--ms-similarity", "cosine"]),
-        Row("hier_ms_nocal", "HIER: MultiSimilarity (cosine) + 0.3·HIER, no calibration (before stop 21)",
+            "default until 2026-11-26, 00070d1)", ("hier", "HIER"), ["--ms-similarity", "cosine"]),
+        Row("hier_ms_nocal", "HIER: MultiSimilarity (cosine) + 0.3·HIER, no calibration (before 2026-11-26, 56f95f3)",
             ("hier", "HIER"), ["--radial-calibration", "0", "--ms-similarity", "cosine"]),
         Row("hier_ms_cal", "HIER: MultiSimilarity (cosine) + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1", "--ms-similarity", "cosine"]),
@@ -116,7 +114,7 @@ def build_rows():
         Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (c=0.1; "
             "recipes/hier.py, no HIER)",
             ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
-        # = hier_ms since stop 26 (the flag explicit: the row that chose it, bench/results/poincare_similarity_ms_stop26.txt)
+        # = hier_ms since 8a53977 (the flag explicit: the row that chose it, docs/design/records.md)
         Row("hier_hms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
             "(recipes/hier.py --ms-similarity poincare)", ("hier", "HIER"), ["--ms-similarity", "poincare"]),
         Row("hier_pa", "HIER: ProxyAnchor + 0.3·HIER + 0.03·radial calibration (128 proxies, c=0.1; HIER's "
@@ -248,7 +246,7 @@ def glyph_parents(bank):
 def hierarchy_metrics(q, ql, g, gl, c, max_d0, parents):
     """``bench/radius.py``'s columns for one evaluation: parent R@1, Spearman(distance, tree distance),
     and for a hyperbolic head the failure AUROC of −d₀, the median d₀ and the fraction at the clip."""
-    from radius import radius_metrics
+    from bench.radius import radius_metrics
 
     q_parent, g_parent = parents
     if len(q_parent) != len(ql) or len(g_parent) != len(gl):
@@ -486,7 +484,7 @@ def main(argv=None):
                          f"{a.paired_to!r} with {len(cfg.seeds)} seed(s)")
     datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
     t0 = time.perf_counter()
-    print(f"# bench/quality.py {'--quick ' if a.quick else ''}(pml-hyperbolic issue 7)")
+    print(f"# bench/quality.py {'--quick ' if a.quick else ''}(pml-hyperbolic method comparison)")
     print(f"budget: {cfg.describe()}")
     print(f"machine: {qc.machine_line()}")
     print(f"rows: {rows}")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Does the ball's radius carry information? Head × loss ablation on the bundled glyphs.
 
-    python bench/radius.py                      # 3 seeds, every head and loss (about 6 min on 2 cores)
-    python bench/radius.py --seeds 0 --steps 300 --heads paper,polar --losses pce   # quick look
+    python -m bench radius                      # 3 seeds, every head and loss (about 6 min on 2 cores)
+    python -m bench radius --seeds 0 --steps 300 --heads paper,polar --losses pce   # quick look
 
 Protocol (nothing is selected on test classes): the frozen MobileNetV2 (offline ImageNet weights,
 64 px) of ``bench/quality.py`` (``--backbone tf_efficientnet_lite0``: the frozen EfficientNet-Lite0 of
-issue 13's held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d
+the held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d
 head trains, on pooled features (``BenchConfig``, head-only, batch 128 = 32 characters × 4, AdamW lr
 3e-3, wd 0.01, grad clip 3). 32 of the 160 training characters are carved out as a **validation**
 split (display-font queries vs serif/sans gallery, like the test protocol); the head design is chosen
@@ -40,24 +40,22 @@ only), ``ms`` = PML's MultiSimilarityLoss + miner (sphere; on the polar head it 
 ball points, i.e. of the head's directions), ``hier`` = Hyp-ViT's loss + the HIER regulariser, ``mshier``
 = HIER's own pairing (polar head): MultiSimilarity on the directions + the HIER regulariser on the ball.
 HIER's settings (``HIER_SETTINGS``, ``--hier weight=3,ms_weight=0.3,num_proxies=128,positives=labels+mutual_nn``) are
-chosen on the validation columns. ``supcon+parent`` / ``pce+parent`` (probe of issue 13, not in the default
+chosen on the validation columns. ``supcon+parent`` / ``pce+parent`` (a probe, not in the default
 list): the loss also on the training characters' radicals, ``--parent weight=0.3,temperature=0.5``; neither
-moved the test Spearman or parent R@1 (``bench/results/spearman_probe.txt``). ``--parent class_weight=0``
+moved the test Spearman or parent R@1 (``docs/design/records.md``, "Spearman probe"). ``--parent class_weight=0``
 trains on the radicals alone: the most of the hierarchy the frozen features give a head
-(``bench/results/spearman_ceiling_stop26.txt``).
+(``docs/design/records.md``, "Spearman ceiling").
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
 
 HEADS = ("paper", "tanh", "polar", "sphere")
 LOSSES = ("pce", "uml", "hier", "supcon", "ms", "mshier", "pce+cal", "pce+copies", "pce+cal+copies", "uml+cal+copies",
@@ -180,7 +178,7 @@ HIER_SETTINGS = {"weight": 3.0, "ms_weight": 0.3, "num_proxies": 128, "max_tripl
 
 
 # The ball's curvature and the pairwise CE's temperature of every hyperbolic cell (--c, --pce-temperature:
-# the Spearman probe of issue 13 varies them; the defaults are Hyp-ViT's glyph settings).
+# the Spearman probe varies them; the defaults are Hyp-ViT's glyph settings).
 CELL_SETTINGS = {"c": 0.1, "pce_temperature": 0.2}
 
 RADIUS_TERMS = ("cal", "copies", "parent")
@@ -551,7 +549,7 @@ def main(argv=None):
                    + ", ".join(f"{k}={v}" for k, v in PARENT_SETTINGS.items()) + ")")
     p.add_argument("--backbone", default=qc.BenchConfig.backbone,
                    help="frozen feature extractor: mobilenetv2_100 (default) or tf_efficientnet_lite0 (the "
-                        "backbone of issue 13's held-out benchmark; a transfer check of the settings chosen on "
+                        "backbone of the held-out benchmark; a transfer check of the settings chosen on "
                         "the default, not a place to choose them)")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--leave-one-out", action="store_true",

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Probes for issue 13 (stop 12): can the ball's radius separate degraded queries?
+"""Probes (2026-11-25): can the ball's radius separate degraded queries?
 
-What became defaults (stop 13) is measured by ``bench/radius.py``: the calibration term in a ranking
+What became defaults (2026-11-25, 998b977) is measured by ``bench/radius.py``: the calibration term in a ranking
 form (``pml_hyperbolic.losses.RadialCalibrationLoss``; the binary cross-entropy form probed here,
 ``BCERadiusCalibration``, pulled the radii inward) and paired degraded copies
 (``DegradedCopyRadiusLoss``; the unpaired degraded views probed here did not move the radius).
 
-    python bench/radius_probes.py                 # seed 0, 600 steps, head only (~5 min on 2 cores)
-    python bench/radius_probes.py --seeds 0,1,2
+    python -m bench radius_probes                 # seed 0, 600 steps, head only (~5 min on 2 cores)
+    python -m bench radius_probes --seeds 0,1,2
 
 Same protocol, data and columns as ``bench/radius.py`` (frozen MobileNetV2 pooled features, polar
 head, validation split of 32 training characters, 160 held-out test characters). Rows:
@@ -29,16 +29,13 @@ fraction of queries whose degraded copy lies nearer the origin than the clean on
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
-import radius as R  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
+from bench import radius as R  # noqa: E402
 
 
 class BCERadiusCalibration(torch.nn.Module):

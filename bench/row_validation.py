@@ -13,10 +13,10 @@ queries at the clip radius (``bench/radius.py``'s columns).
 ``--report-test`` then runs the variants once more on the real split (the 160 held-out characters)
 so that a choice made on validation can be checked, not made, there.
 
-    python bench/row_validation.py --variants "ms;hier_ms;hier_ms:--hier-weight 0.1;hier_ms:--hier-weight 1"
-    python bench/row_validation.py --variants "ms;hier_ms:--hier-weight 0.1" --seeds 0,1,2,3,4 --report-test
-    python bench/row_validation.py --variants "ms;hier_ms" --carve-seeds 0,1,2   # three carves, paired difference
-    python bench/row_validation.py --variants "ms;hms" --trainable head --steps 600   # the held-out benchmark's shape
+    python -m bench row_validation --variants "ms;hier_ms;hier_ms:--hier-weight 0.1;hier_ms:--hier-weight 1"
+    python -m bench row_validation --variants "ms;hier_ms:--hier-weight 0.1" --seeds 0,1,2,3,4 --report-test
+    python -m bench row_validation --variants "ms;hier_ms" --carve-seeds 0,1,2   # three carves, paired difference
+    python -m bench row_validation --variants "ms;hms" --trainable head --steps 600   # the held-out benchmark's shape
 
 A variant is ``row`` or ``row:flags`` (flags as on the recipe's command line); variants are separated
 by ``;``. About 15-20 s per variant and seed on 2 cores (one thread).
@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
-import quality  # noqa: E402
-from hcl_validation import validation_bank  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
+from bench import quality  # noqa: E402
+from bench.hcl_validation import validation_bank  # noqa: E402
 
 
 def parse_variants(text: str) -> list[tuple[str, quality.Row]]:
@@ -97,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--val-classes", type=int, default=32, help="validation characters per carve")
     p.add_argument("--trainable", choices=("tail", "head"), default=qc.BenchConfig.trainable,
                    help="'head': only the embedding head trains on frozen pooled features (the protocol of "
-                        "issue 13's held-out benchmark; give it --steps 600 as bench/radius.py does)")
+                        "the held-out benchmark; give it --steps 600 as bench/radius.py does)")
     p.add_argument("--steps", type=int, default=None, help=f"training steps (default {qc.BenchConfig.steps})")
     p.add_argument("--backbone", default=qc.BenchConfig.backbone,
                    help="mobilenetv2_100 (default) or tf_efficientnet_lite0")

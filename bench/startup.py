@@ -1,12 +1,12 @@
 """Start-up cost of the recipe scripts: ``--help`` and an argument error, against ``import torch``.
 
-    python bench/startup.py            # 3 repeats, median
-    python bench/startup.py --repeats 5
+    python -m bench startup            # 3 repeats, median
+    python -m bench startup --repeats 5
 
 Every command runs in a fresh interpreter. Reported: wall time and CPU time (user + system of the
 child, from ``getrusage(RUSAGE_CHILDREN)``: less sensitive to a busy machine than the wall clock),
 and each command's CPU time over that of ``python -c "import torch"`` measured in the same run.
-The target of issue 15 is ``--help`` and argument errors under 1.5 s of wall time on an idle machine,
+The target is ``--help`` and argument errors under 1.5 s of wall time on an idle machine,
 which needs them to answer before torch is imported (ratio well below 1).
 """
 import argparse
@@ -45,6 +45,8 @@ def main(argv=None):
     print(f"{'command':<52} {'wall s':>7} {'CPU s':>7} {'CPU / import torch':>19}  exit")
     baseline = 'python -c "import torch"'
     print(f"{baseline:<52} {base_wall:7.2f} {base_cpu:7.2f} {1.0:19.2f}")
+    rows = [{"command": baseline, "wall s": round(base_wall, 3), "CPU s": round(base_cpu, 3), "CPU ratio": 1.0,
+             "exit": 0, "baseline": baseline}]
     worst = 0.0
     for recipe in RECIPES:
         script = os.path.join("recipes", f"{recipe}.py")
@@ -52,8 +54,11 @@ def main(argv=None):
             wall, cpu, status = measure([py, script, *extra], args.repeats)
             worst = max(worst, wall)
             print(f"{f'{recipe}.py {label}':<52} {wall:7.2f} {cpu:7.2f} {cpu / base_cpu:19.2f}  {status}")
+            rows.append({"command": f"{recipe}.py {label}", "wall s": round(wall, 3), "CPU s": round(cpu, 3),
+                         "CPU ratio": round(cpu / base_cpu, 3), "exit": status, "baseline": baseline})
     print(f"slowest: {worst:.2f} s wall (target < 1.5 s idle); load average after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Temperature × curvature study (HypMix Fig. 2 on our data): Recall@1 of Sph- and Hyp- embeddings.
 
-    python bench/tau_sweep.py --out-png tau_sweep.png            # 300 steps, seed 0
-    python bench/tau_sweep.py --seeds 0,1,2 --out-png tau_sweep.png   # README's table: 4 min wall measured (2026-11-23, 2 cores)
-    python bench/tau_sweep.py --quick --out-png tau_sweep.png    # 40 steps (231 CPU-s measured)
+    python -m bench tau_sweep --out-png tau_sweep.png            # 300 steps, seed 0
+    python -m bench tau_sweep --seeds 0,1,2 --out-png tau_sweep.png   # README's table: 4 min wall measured (2026-11-23, 2 cores)
+    python -m bench tau_sweep --quick --out-png tau_sweep.png    # 40 steps (231 CPU-s measured)
 
 Grid: τ ∈ {0.05, 0.1, 0.2, 0.5, 1} × c ∈ {0 (sphere: L2-normalised head, cosine similarity / τ),
 0.01, 0.1, 0.3, 1, c_δ} with c_δ = (0.144 / δ_rel)² suggested by the δ-hyperbolicity of the
@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
 
 TAUS = (0.05, 0.1, 0.2, 0.5, 1.0)
 CURVATURES = (0.0, 0.01, 0.1, 0.3, 1.0)
@@ -196,7 +193,7 @@ def main(argv=None):
     cs = tuple(float(c) for c in a.curvatures.split(",")) if a.curvatures else CURVATURES
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
-    print(f"# bench/tau_sweep.py {'--quick ' if a.quick else ''}(pml-hyperbolic issue 7)")
+    print(f"# bench/tau_sweep.py {'--quick ' if a.quick else ''}(pml-hyperbolic method comparison)")
     print(f"budget: {cfg.describe()}; loss: Hyp-ViT pairwise CE; 128 train / 32 validation characters")
     print(f"machine: {qc.machine_line()}")
     bank = qc.build_bank(cfg, "glyphs", use_cache=not a.no_cache)

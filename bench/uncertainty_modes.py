@@ -1,11 +1,11 @@
-"""Choose Hyp-UML's uncertainty normalisation by experiment (issue 3, loss items 3-4).
+"""Choose Hyp-UML's uncertainty normalisation by experiment.
 
 Offline: sklearn's 8x8 digits. Train an MLP + ToPoincare(c=0.1, clip_r=2.3) head on digits 0-5, evaluate
 Recall@1 (hyperbolic distance, leave-one-out) on the held-out digits 6-9. Compares the uncertainty modes
 of ``pml_hyperbolic.uncertainty`` inside UncertaintyAdaptiveContrastiveLoss and
 UncertaintyAdaptiveTripletLoss, against fixed-temperature / fixed-margin baselines. Several seeds.
 
-    .venv/bin/python bench/uncertainty_modes.py [--steps 300] [--seeds 3]
+    python -m bench uncertainty_modes [--steps 300] [--seeds 3]
 """
 import argparse
 import statistics
@@ -52,11 +52,11 @@ def run(make_loss, seed, steps, X, Y, train_cls, test_cls, per_class=10):
         return recall_at_1(model(X[te]), Y[te], 0.1)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seeds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(2)
     d = load_digits()
     X = torch.tensor(d.data / 16.0, dtype=torch.float32)

@@ -1,8 +1,8 @@
 """Hot paths at 1 vs 2 torch threads, on the machine as it is ("idle") and under a synthetic load
 that this bench starts itself (one busy process per usable core, stopped in a ``finally``).
 
-    python bench/under_load.py                      # all cases, 2 interleaved repeats
-    python bench/under_load.py --cases delta,knn --repeats 3 --pseudo-n 20000
+    python -m bench under_load                      # all cases, 2 interleaved repeats
+    python -m bench under_load --cases delta,knn --repeats 3 --pseudo-n 20000
 
 Cases: ``gromov_delta`` n = 2,000 (D = 384, float64); the hierarchical pseudo-labeller (approximate
 path) on --pseudo-n points (default 60,000 × 128); exact kNN (HyperbolicKNN, self-retrieval,
@@ -10,7 +10,7 @@ exact_ranks 1/2/4/8) at the Cars size 8,131 × 128, k = 8; ``poincare_ball.pairw
 forward at N = 4,096, D = 128 (float32; no grad).
 
 For every case and phase the 1-thread and 2-thread runs alternate (1, 2, 1, 2, ...) in one
-process; the table gives medians of the wall times, their ratio (issue 16 target: 2-thread wall
+process; the table gives medians of the wall times, their ratio (target: 2-thread wall
 ≤ 1.5× 1-thread wall under load), the process CPU time of each (all threads: spin-waiting at a
 barrier shows up as CPU time well above the 1-thread figure), and the 1-minute load average at the
 end of the case. The machine is shared: "idle" means without *our* synthetic load, whatever else
@@ -28,10 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _load import synthetic_load, usable_cores  # noqa: E402
+from bench._load import synthetic_load, usable_cores  # noqa: E402
 
 from pml_hyperbolic import poincare_ball as pb  # noqa: E402
 
@@ -55,7 +52,7 @@ def _case_pseudo(n):
 
 
 def _case_knn():
-    from knn import make_embeddings
+    from bench.knn import make_embeddings
 
     from pml_hyperbolic.evaluation import HyperbolicKNN
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Pseudo-labels of the unsupervised hyperbolic method (Yan et al., CVPR'21) chosen on a validation split.
 
-    OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py                  # full grid, seeds 0-4 (~6 min)
-    OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py --seeds 0 --settings paper,default   # ~30 s
-    OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py --protocol recipe --seeds 0,1,2 \
+    OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels                  # full grid, seeds 0-4 (~6 min)
+    OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels --seeds 0 --settings paper,default   # ~30 s
+    OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels --protocol recipe --seeds 0,1,2 \
         --settings r_previous_default,r_default             # the recipe as bench/quality.py trains it (~1.5 min)
 
 (Times measured 2026-11-25 on 2 shared cores: ~3-5 s per trained head of 120 steps with ward
@@ -33,7 +33,7 @@ Results (2026-11-25, seeds 0-4 unless said; R@1 %; full table: run the script):
 | Ward (32,), features / then embeddings | 29.1 / 30.6 | |
 | Ward (128,), features / then embeddings | 30.2 / 30.3 | |
 | Ward (128,), features whitened to 128-d / then embeddings | 30.5 / 30.5 | |
-| **Ward (128,), features whitened to 256-d (chosen then: the package default until issue 13)** | **30.7** | **15.9** |
+| **Ward (128,), features whitened to 256-d (chosen then: the package default until 2026-11-26)** | **30.7** | **15.9** |
 | Ward (256,) / (512,), features whitened to 256-d (2026-11-26) | 31.8 / 31.8 | |
 
 The chosen setting is above the pooled features on test in every seed (15.5-16.4 vs 15.5) but
@@ -41,16 +41,16 @@ only by 0.4 on average, and the one-level settings are within the seed spread (�
 other: on these glyphs clustering-based pseudo-labels carry little beyond the features themselves
 (pair precision ≤ 6 %, chance 0.8 %). Finer clusters are purer (pair precision 9.8 / 14.5 % at 256 /
 512: ``--settings white256_128,white256_256,white256_512``). In this grid ``default`` is the package
-default of the day (now 512 clusters), so its row changed with issue 13.
+default of the day (now 512 clusters), so its row changed on 2026-11-26.
 
-**``--protocol recipe``** (issue 13; 2026-11-26, 2 shared cores, ~16 s per trained run): each
+**``--protocol recipe``** (2026-11-26, 2 shared cores, ~16 s per trained run): each
 setting is a list of flags of ``recipes/unsupervised_hyperbolic.py`` (``RECIPE_SETTINGS``), trained
 through the recipe exactly as ``bench/quality.py``'s ``unsup_logratio`` row (``_recipe_rows``: last
 block + conv_head + head trainable, lr 3e-4 / 3e-3, 120 steps, one labelling) on the same 128 / 32
 split; val R@1 is printed before training (``--eval-before``: the head as initialised) and after.
 ``--report-test SETTINGS`` trains on all 160 training characters and prints test R@1 before / after
 (a report, never a choice). Results (R@1 %, mean over seeds; commands after the table, each after
-``OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py --protocol recipe``):
+``OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels --protocol recipe``):
 
 | setting (``RECIPE_SETTINGS``) | val before | val after (seeds 0-4) | val after (seeds 5-9) | worst seed |
 |---|---:|---:|---:|---:|
@@ -76,7 +76,7 @@ split; val R@1 is printed before training (``--eval-before``: the head as initia
 
 Chosen (best mean over seeds 0-9, 35.7, and best worst seed): the whitened warm start at scale 10 +
 512 clusters, now the recipe's defaults. Without the trust region (scale 1) two seeds of ten end
-below the features. Test, reported once: ``python bench/quality.py --datasets glyphs --threads 1
+below the features. Test, reported once: ``python -m bench quality --datasets glyphs --threads 1
 --rows raw,unsup_logratio`` gives 18.4 ± 0.9 (seeds 0, 1, 2: 19.5, 18.1, 17.7) against 15.5 for the
 features (previous default: 15.8 ± 1.4, seeds 15.8 / 14.5 / 17.2). ``--seeds 0,1,2 --settings ""
 --report-test r_previous_default,r_default`` [E] shows where it comes from: test before / after
@@ -92,15 +92,12 @@ precision (fraction of same-finest-cluster pairs that share a character; chance 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _quality_common as qc  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
 
 C = 0.1
 R1 = ("recall_at_1",)
@@ -242,7 +239,7 @@ def run_recipe(cfg, bank, names, seeds, log=print, split="val"):
     import io
     import shutil
 
-    import _recipe_rows as rr
+    from bench import _recipe_rows as rr
 
     cls = rr.load_recipe_class("unsupervised_hyperbolic", "UnsupervisedHyperbolic")
     vbank = validation_bank(bank) if split == "val" else bank

@@ -1,14 +1,7 @@
 """Every bad input of bench/bad_inputs.py gets one clear error: 0 silent, 0 opaque."""
-import os
-import sys
-
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
-sys.path.insert(0, BENCH)
-import bad_inputs  # noqa: E402
-
-sys.path.remove(BENCH)
+from bench import bad_inputs
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -6,18 +6,15 @@ import gzip
 import math
 import os
 import struct
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
-sys.path.insert(0, BENCH)
 
-import _quality_common as qc  # noqa: E402
-import quality  # noqa: E402
-import tau_sweep  # noqa: E402
+from bench import _quality_common as qc  # noqa: E402
+from bench import quality  # noqa: E402
+from bench import tau_sweep  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not __import__("pml_hyperbolic.backbones", fromlist=["x"]).offline_weights_available("mobilenetv2_100"),
@@ -67,7 +64,7 @@ def test_quality_rows_train_and_evaluate(tiny):
 
 def test_rows_train_through_the_recipes_code_path(tiny):
     # A row is the recipe itself (its parser, builders, runner, PML trainer and tester), on the bank.
-    import _recipe_rows as rr
+    from bench import _recipe_rows as rr
 
     from pytorch_metric_learning.losses import MultipleLosses
 
@@ -156,7 +153,7 @@ def test_sibling_auroc_reference_values():
     # gallery 1, cosine distance 0.2; query 2 -> gallery 0, 0.006) are nearer than the four
     # other-radical pairs (1.8 to 2.0): AUROC 1. Negating the queries maps every cosine distance d to
     # 2 - d and reverses that order: AUROC 0. One radical for everything leaves no negative: NaN.
-    import radius
+    from bench import radius
 
     g = torch.tensor([[1.0, 0.0], [0.8, 0.6], [-1.0, 0.0]])
     gl, g_parent = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
@@ -172,7 +169,7 @@ def test_sibling_auroc_reference_values():
 
 def test_parent_only_term_drops_the_class_loss(monkeypatch):
     # bench/radius.py's "+parent" cells: class_weight 0 trains on the radicals alone (the ceiling run)
-    import radius
+    from bench import radius
 
     emb, labels = torch.randn(8, 4), torch.tensor([[0, 0], [0, 0], [1, 0], [1, 0], [2, 1], [2, 1], [3, 1], [3, 1]])
     term = radius.ParentLevelTerm(lambda e, y: torch.tensor(5.0), lambda e, y: y.float().sum())
@@ -250,7 +247,7 @@ def test_training_with_fewer_classes_than_a_batch_needs(tiny):
 def test_row_validation_variants_and_parent_map():
     """bench/row_validation.py: variants are quality rows plus recipe flags; the validation samples'
     radicals come from the training split's class -> parent map."""
-    import row_validation as rv
+    from bench import row_validation as rv
 
     variants = rv.parse_variants("ms; hier_ms:--hier-weight 0.1 --hier-proxies 64")
     assert [name for name, _ in variants] == ["ms", "hier_ms:--hier-weight 0.1 --hier-proxies 64"]
@@ -284,7 +281,7 @@ def test_row_validation_variants_and_parent_map():
 
 def test_row_validation_protocol_flags(capsys):
     # --trainable / --steps / --backbone: bad values are one argparse error, before any bank is built
-    import row_validation as rv
+    from bench import row_validation as rv
 
     for flags, message in ((["--steps", "0"], "--steps must be >= 1"), (["--trainable", "all"], "invalid choice")):
         with pytest.raises(SystemExit) as exit_info:
@@ -298,7 +295,7 @@ def test_row_validation_protocol_flags(capsys):
 def test_bench_rows_pass_their_thread_count_to_the_recipe():
     """The recipe rows run at the bench's thread count, not the recipe's load-dependent ``auto``
     (1 or 2 threads round differently: one seed read 44.3 or 49.0 validation R@1)."""
-    import _recipe_rows as rr
+    from bench import _recipe_rows as rr
 
     previous = torch.get_num_threads()
     try:

@@ -1,7 +1,6 @@
 """The bundled glyph dataset: shape, split disjointness, hierarchy, protocol, transforms."""
 
 import os
-import sys
 from collections import Counter
 
 import numpy as np
@@ -129,8 +128,7 @@ def test_query_gallery_protocol(splits):
 
 
 def _bench_glyph_floor():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench"))
-    import glyph_floor
+    from bench import glyph_floor
 
     return glyph_floor
 

@@ -72,12 +72,7 @@ def test_head_init_end_to_end(tmp_path, capsys, init):
 
 
 def _bench():
-    import sys
-
-    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import unsupervised_pseudo_labels
+    from bench import unsupervised_pseudo_labels
 
     return unsupervised_pseudo_labels
 
