@@ -4,46 +4,23 @@
     python recipes/hcl.py                                        # scenes composed from the bundled glyphs
     python recipes/hcl.py --annotations instances_train2017.json --images-dir train2017/   # COCO-style
 
-Self-supervised: a MoCo loss (query encoder + momentum key encoder + queue) on two views of an
-object crop, plus 0.1 × a hyperbolic contrastive loss whose query is the scene (union box of 2–5
-objects) and whose positive key is a contained object crop from the momentum encoder, negatives a
-queue of object keys; logits −d_Poincaré/T with c = 0.05, T = 0.2, no feature clipping. On the
-bundled data, scenes are made by pasting several glyph "objects" onto one canvas, so every object
-crop lies inside its scene. Recall@K of the (Euclidean) features on the glyph query/gallery split
-is reported as a quick sanity check (the paper evaluates by linear probing).
-
-Bundled-glyph defaults (issue 13 item 4, "no method below its starting point"): with the paper's
-weight 0.1 and the bench's trunk lr 3e-4, HCL scored below the untrained features it starts from
-on the held-out characters. The glyph preset's trunk learning rate, hyperbolic weight and object-view
-augmentation were therefore chosen on validation splits of the TRAINING characters (32 of 160, four
-carves, never the test characters), three seeds per carve, each run scored against the untrained
-features on its own carve (``bench/results/hcl_validation_stop23.txt``; the setting against the other
-views: ``python bench/hcl_validation.py --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font
---carve-seeds 0,1,2,3 --seeds 0,1,2 --top 2``). Paired validation R@1 gain over the features: trunk
-``--lr 3e-5`` +1.6 ± 0.4 (chosen; higher than the features in 11 of 12 runs), 1e-4 +0.8 ± 0.7 (the
-default before), 1e-5 +0.2 ± 0.5; hyperbolic weight 1 -0.1 ± 0.5 against the paper's 0.1; ``--view-augmentation font`` (typeface-like
-views) +0.6 ± 0.3 against the crop's +1.6. On 64 validation characters per carve every rate ties the
-features (+0.3 ± 0.3 at 3e-5, +0.0 ± 0.2 at 1e-4), and on the test characters (checked after the choice,
-``python bench/quality.py --datasets glyphs --rows raw,hcl,hcl_font``) HCL reads 14.4 ± 0.4 against the
-features' 15.5: **below its starting point**, the one method of issue 13 item 4 that stays there. Neither
-fewer false negatives (a queue of 256: +0.3 ± 0.3 on 64 validation characters, as with 4,096;
-``bench/results/hcl_validation_stop24.txt``) nor a temperature, view or rate change moved it by a point.
-``--annotations`` (COCO-style data) keeps the paper's values (lr 0.03, weight 0.1, MoCo v2's photo augmentation).
-The glyph preset still freezes the trunk (a CPU demo); ``--freeze-trunk false`` trains it at that lr.
-
-MoCo's InfoNCE runs as the pairwise cross-entropy on the cosine against the key queue: every query has
-one positive there (its own key), so this is PML's ``NTXentLoss`` term for term, without the
-(B, B × queue) tensors that ``NTXentLoss`` builds (``python bench/hcl_queue.py``).
+Self-supervised: a MoCo loss (query encoder, momentum key encoder, key queue) on two views of an
+object crop, plus a weighted hyperbolic contrastive loss whose query is a scene and whose positive
+key is an object crop inside it (logits −d_Poincaré/T, c = 0.05, T = 0.2). On the bundled data,
+scenes are made by pasting glyph "objects" onto one canvas. Recall@K of the trunk's features on the
+glyph query/gallery split is a quick check (the paper evaluates by linear probing).
 """
 import math
 import os
 
-
 from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeCommandLine  # torch-free
-from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_CHOICE_COMMAND,  # torch-free
-                                             HCL_GLYPH_HYPERBOLIC_WEIGHT, HCL_GLYPH_TRUNK_LR,
-                                             HCL_GLYPH_VIEW_AUGMENTATION, HCL_PAPER_HYPERBOLIC_WEIGHT)
+from pml_hyperbolic.training.config import nonnegative_float, positive_float, positive_int, unit_fraction
+from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # torch-free
+                                             HCL_GLYPH_TRUNK_LR, HCL_GLYPH_VIEW_AUGMENTATION,
+                                             HCL_PAPER_HYPERBOLIC_WEIGHT)
 BUNDLED_GLYPH_SIDE = 40  # pixels of a bundled glyph image (pml_hyperbolic/data/cjk_glyphs.npz); scenes tile them
+#: The paper's settings, applied with --annotations (COCO-style data).
+COCO_PRESET = {"backbone": "resnet50", "image_size": 224, "batch_size": 256, "lr": 0.03, "epochs": 200}
 
 
 class HCL(RecipeCommandLine):
@@ -53,7 +30,10 @@ class HCL(RecipeCommandLine):
     evaluate_head = False        # MoCo / HCL score the backbone's representation; the MLP serves the losses
     real_dataset = "glyphs"
     trainer_class = ImportedOnUse("pml_hyperbolic.training.hcl_trainer", "HCLTrainer")
-    # lr (the trunk's) and hyperbolic_weight: chosen on validation characters, see the docstring
+    min_samples_per_class = 1    # self-supervised: the positives are views of one image
+    docs_page = "hcl.md"
+    # lr (the trunk's), hyperbolic_weight and the view augmentation: chosen on validation characters
+    # (docs/design/recipe-defaults.md)
     glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1,
                     "lr": HCL_GLYPH_TRUNK_LR, "hyperbolic_weight": HCL_GLYPH_HYPERBOLIC_WEIGHT,
                     "view_augmentation": HCL_GLYPH_VIEW_AUGMENTATION,
@@ -64,29 +44,29 @@ class HCL(RecipeCommandLine):
     def add_arguments(cls, parser):
         g = parser.add_argument_group("HCL")
         g.add_argument("--annotations", default=None, metavar="JSON",
-                       help="COCO-style annotation file (images + annotations with bbox); default: composed glyph scenes.")
+                       help="COCO-style annotation file (images, annotations with bbox); unset: the composed "
+                            "glyph scenes.")
         g.add_argument("--images-dir", default=None, metavar="DIR", help="Image folder of --annotations.")
-        g.add_argument("--ball-curvature", type=float, default=0.05, help="c of the hyperbolic branch.")
-        g.add_argument("--temperature", type=float, default=0.2, help="T of both contrastive losses.")
-        g.add_argument("--hyperbolic-weight", type=float, default=HCL_PAPER_HYPERBOLIC_WEIGHT,
-                       help=f"Weight of the hyperbolic loss (the paper's {HCL_PAPER_HYPERBOLIC_WEIGHT:g}, also the "
-                            f"default with --annotations; bundled glyphs: {HCL_GLYPH_HYPERBOLIC_WEIGHT:g} with trunk "
-                            f"--lr {HCL_GLYPH_TRUNK_LR:g}, chosen on validation characters by "
-                            f"`{HCL_GLYPH_CHOICE_COMMAND}`).")
-        g.add_argument("--momentum", type=float, default=0.999, help="Momentum of the key encoder.")
-        g.add_argument("--queue-size", type=int, default=65536, help="Length of both key queues.")
+        g.add_argument("--ball-curvature", type=positive_float, default=0.05, help="c > 0 of the hyperbolic branch.")
+        g.add_argument("--temperature", type=positive_float, default=0.2, help="T > 0 of both contrastive losses.")
+        g.add_argument("--hyperbolic-weight", type=nonnegative_float, default=HCL_PAPER_HYPERBOLIC_WEIGHT,
+                       help="Weight of the hyperbolic loss beside MoCo's.")
+        g.add_argument("--momentum", type=unit_fraction, default=0.999, help="Momentum of the key encoder, in [0, 1].")
+        g.add_argument("--queue-size", type=positive_int, default=65536, help="Length of both key queues.")
         g.add_argument("--view-augmentation", choices=GLYPH_VIEW_AUGMENTATIONS, default=None,
-                       help="Bundled glyph scenes: how the two object views are augmented: 'font' (typeface-like "
-                            "changes: affine, stroke weight, blur) or 'crop' (random resized crop alone, the "
-                            f"default before 2026-11-26). Default: {HCL_GLYPH_VIEW_AUGMENTATION}. COCO-style data "
-                            "(--annotations) always uses MoCo v2's photo augmentation.")
-        g.add_argument("--canvas-size", type=int, default=112, help="Bundled scenes: canvas side in pixels.")
-        g.add_argument("--max-objects", type=int, default=4, help="Objects per scene: 2..max-objects.")
+                       help="Bundled glyph scenes: 'crop' (random resized crop) or 'font' (typeface-like changes) "
+                            "for the two object views; --annotations uses MoCo v2's photo augmentation.")
+        g.add_argument("--canvas-size", type=positive_int, default=112, help="Bundled scenes: canvas side in pixels.")
+        g.add_argument("--max-objects", type=positive_int, default=4, help="Objects per scene: 2..max-objects.")
+
+    @classmethod
+    def preset_columns(cls):
+        return [("on", "the bundled glyph scenes", dict(cls.glyph_preset)), ("with", "--annotations", COCO_PRESET)]
 
     @classmethod
     def presets(cls, args):
         if args.annotations:
-            return {"backbone": "resnet50", "image_size": 224, "batch_size": 256, "lr": 0.03, "epochs": 200}
+            return dict(COCO_PRESET)
         return dict(cls.glyph_preset)
 
     @classmethod

@@ -7,54 +7,23 @@
     python recipes/hier.py                          # bundled glyphs, CPU-sized
 
 An ordinary metric loss plus λ·HIER: learnable hierarchical proxies in the Poincaré ball
-(``pml_hyperbolic.losses.HIERLoss``: the lowest common ancestor of a set of points is the proxy that
-minimises the largest distance to them, picked with a hard Gumbel-softmax; for triplets (i, j, k) with
-i, j of one class and k not, i and j are pulled nearer LCA(i, j) than LCA(i, j, k) and k nearer
-LCA(i, j, k) than LCA(i, j); the proxies get the same loss among themselves). No hierarchy labels
-are needed. The head maps into the ball (c = 0.1, clip 2.3) and Recall@K uses the exact Poincaré kNN.
-
-Main loss (``--main-loss``): ``ms`` (default; one of the paper's pairings) is PML's
-MultiSimilarityLoss (α 2, β 50, base 0.5) with its miner (ε 0.1), on the cosine of the ball points
-(``--ms-similarity cosine``, the paper's: the head's directions only, so the radius is shaped by the
-regulariser alone) or on the ball (below); ``pa`` is PML's
-ProxyAnchorLoss (margin 0.1, α 32, one proxy per training class) on the same cosine, the main loss of
-HIER's public training scripts (at the glyph budget it reads about 4 validation R@1 below
-MultiSimilarity, alone and beside HIER:
-``bench/results/hier_pa_validation_stop25.txt``); ``pce`` is Hyp-ViT's pairwise cross-entropy on the
-Poincaré distance (τ 0.2). ``--ms-similarity poincare`` runs MultiSimilarity and its miner on the ball
-instead: on ``PoincareSimilarity`` (1 − d/T, T = 2·clip_r, so the sphere's α, β, base and ε keep their
-meaning), which sees the radius too. It is the bundled-glyph default since stop 26, chosen on
-validation characters against the cosine (HIER beside each, four carves × three seeds: +2.4 ± 1.9
-validation R@1 on 16 characters, +1.3 ± 1.1 on 32; ``python bench/row_validation.py --variants
-"hier_ms_cosine;hier_ms" --carve-seeds 0,1,2,3 --val-classes 16``, ``bench/results/poincare_similarity_ms_stop26.txt``);
-the real benchmarks keep the paper's cosine. With ``ms`` on the cosine the regulariser drives the
-radius to the clip (most points at one d₀, as in the papers' clipped heads, and the uncertainty says
-nothing: failure AUROC 0.51): ``--radial-calibration`` / ``--degraded-copies`` give the radius a meaning again. On the
-bundled glyphs the default adds the calibration at weight 0.03, chosen on 32 validation characters
-(weights 0.03 / 0.1 / 0.3 against none, 3 seeds, then 5; ``python bench/row_validation.py``,
-``bench/results/hier_validation.txt``): validation R@1 49.1 ± 2.7 against 49.8 ± 1.4 without it,
-failure AUROC 0.69 against 0.53, no query at the clip; on the test characters (checked, not chosen
-there) 29.1 ± 1.2 against 29.0 ± 0.7 R@1 and AUROC 0.670 against 0.509 (5 seeds; with stop 24's
-noise stream and backward, 3 seeds: 28.1 ± 0.6 against 28.4 ± 1.5, AUROC 0.672 against 0.489,
-``bench/results/quality_hier_stop24.txt``). The real benchmarks keep
-the paper's setting (no calibration); add ``--radial-calibration 0.03`` for an informative radius.
-
-Training settings follow Hyp-ViT's presets (HIER's public code is built on Hyp-ViT's): ViT-S/16,
-128-d head, AdamW lr 3e-5, weight decay 0.01, gradient-norm clip 3; the paper's 512 proxies and
-margin 0.1, and λ = 1 (choose it on a validation split of your training classes). On the bundled
-glyphs the weight (0.3) and the proxy count (128) are the ones chosen on a validation split of the
-training characters (``python bench/radius.py --heads polar --losses mshier --hier ms_weight=...``;
-see the README), as is the calibration weight above.
+(pml_hyperbolic.losses.HIERLoss) that pull a same-class pair nearer their lowest common ancestor
+than the one they share with a third sample; no hierarchy labels are needed. The head maps into the
+ball (c = 0.1, clip 2.3) and Recall@K uses the exact Poincaré kNN. The main loss (--main-loss) is
+MultiSimilarity with its miner (on the cosine of the ball points, or on the ball with
+--ms-similarity poincare), Proxy-Anchor, or Hyp-ViT's pairwise cross-entropy. Training otherwise
+follows Hyp-ViT's presets.
 """
 
 from pml_hyperbolic.training.cli import ConfigError, RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import nonnegative_float, positive_float
+from pml_hyperbolic.training.config import nonnegative_float, optional_positive_float, positive_float, positive_int
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 MAIN_LOSSES = ("ms", "pa", "pce")
 MS_SIMILARITIES = ("cosine", "poincare")
 PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}  # the paper's proxy count; λ 1 as a starting point
-# chosen on validation characters (docstring); the small radial calibration keeps the radius off the clip
+# chosen on validation characters (docs/design/recipe-defaults.md); the small radial calibration keeps
+# the radius off the clip
 GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03, "ms_similarity": "poincare"}
 
 
@@ -64,29 +33,28 @@ class HIER(RecipeCommandLine):
     real_dataset = "cub200"
     paper_presets = {name: {**preset, **PAPER_HIER} for name, preset in HYP_VIT_PRESETS.items()}
     glyph_preset = {**RecipeCommandLine.glyph_preset, **GLYPH_HIER}
+    docs_page = "hier.md"
 
     @classmethod
     def add_arguments(cls, parser):
         g = parser.add_argument_group("HIER")
         g.add_argument("--main-loss", default="ms", choices=MAIN_LOSSES,
-                       help="'ms': MultiSimilarity + miner on the cosine of the ball points; 'pa': Proxy-Anchor "
-                            "(margin 0.1, α 32) on the same cosine, the main loss of HIER's public scripts; "
-                            "'pce': Hyp-ViT's pairwise cross-entropy on the Poincaré distance.")
+                       help="'ms': MultiSimilarity + miner (see --ms-similarity); 'pa': Proxy-Anchor on the "
+                            "cosine; 'pce': Hyp-ViT's pairwise cross-entropy on the Poincaré distance.")
         g.add_argument("--hier-weight", type=nonnegative_float, default=PAPER_HIER["hier_weight"],
                        help="λ, the regulariser's weight (0 = the main loss alone).")
-        g.add_argument("--hier-proxies", type=int, default=PAPER_HIER["hier_proxies"],
+        g.add_argument("--hier-proxies", type=positive_int, default=PAPER_HIER["hier_proxies"],
                        help="Number of learnable hierarchical proxies.")
         g.add_argument("--hier-margin", type=nonnegative_float, default=0.1, help="HIER's margin δ.")
         g.add_argument("--hier-positives", default="labels", choices=["labels", "labels+mutual_nn"],
                        help="Pairs (i, j) of the triplets: same label, or also mutual nearest neighbours.")
         g.add_argument("--temperature", type=positive_float, default=0.2, help="τ of --main-loss pce.")
         g.add_argument("--ms-similarity", default="cosine", choices=MS_SIMILARITIES,
-                       help="What --main-loss ms and its miner compare: 'cosine' of the ball points (the paper's "
-                            "pairing: the radius is left to the regulariser) or 'poincare', the Poincaré distance "
-                            "as a similarity 1 − d/T (PoincareSimilarity), with the sphere's α, β, base and ε.")
-        g.add_argument("--ms-scale", type=positive_float, default=None,
-                       help="T of --ms-similarity poincare (default: the head's largest distance to the origin, "
-                            "2·clip_r, which keeps every similarity in [-1, 1] as a cosine).")
+                       help="What --main-loss ms and its miner compare: the 'cosine' of the ball points (the "
+                            "paper's) or 'poincare', the similarity 1 − d/T (PoincareSimilarity).")
+        g.add_argument("--ms-scale", type=optional_positive_float, default=None,
+                       help="T > 0 of --ms-similarity poincare ('none': 2·clip_r, which keeps every similarity "
+                            "in [-1, 1]).")
 
     @classmethod
     def preflight(cls, args):

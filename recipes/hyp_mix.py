@@ -12,6 +12,7 @@ monotone function of the cosine, so Recall@K is evaluated with the cosine.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
+from pml_hyperbolic.training.config import nonnegative_float, positive_float
 from pml_hyperbolic.training.presets import HYP_MIX_PRESETS as PAPER_PRESETS
 
 
@@ -21,6 +22,7 @@ class HypMix(RecipeCommandLine):
     real_dataset = "cub200"
     paper_presets = PAPER_PRESETS
     glyph_preset = {**RecipeCommandLine.glyph_preset, "lam": 3.0, "tau_e": 0.05, "tau_h": 0.2}
+    docs_page = "hyp-mix.md"
 
     def __init__(self, args):
         super().__init__(args)
@@ -29,9 +31,9 @@ class HypMix(RecipeCommandLine):
     @classmethod
     def add_arguments(cls, parser):
         g = parser.add_argument_group("HypMix")
-        g.add_argument("--lam", type=float, default=3.0, help="λ, weight of the hyperbolic term (paper: 3 CUB, 8 Cars/SOP).")
-        g.add_argument("--tau-e", type=float, default=0.05, help="τ_e, spherical temperature (paper 0.05; code 0.1).")
-        g.add_argument("--tau-h", type=float, default=0.2, help="τ_h, hyperbolic temperature.")
+        g.add_argument("--lam", type=nonnegative_float, default=3.0, help="λ >= 0, weight of the hyperbolic term.")
+        g.add_argument("--tau-e", type=positive_float, default=0.05, help="τ_e > 0, spherical temperature.")
+        g.add_argument("--tau-h", type=positive_float, default=0.2, help="τ_h > 0, hyperbolic temperature.")
         g.add_argument("--learnable-lambda", action="store_true", help="Learn λ (beyond the paper).")
 
     def build_head(self, in_features):

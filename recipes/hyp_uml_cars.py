@@ -4,20 +4,16 @@
     python recipes/hyp_uml_cars.py                          # Cars196 if found, else the bundled glyphs
     python recipes/hyp_uml_cars.py --data-root /data/cars196
     python recipes/hyp_uml_cars.py --loss triplet           # the adaptive-margin variant
-    python recipes/hyp_uml_cars.py --help                   # every setting
+    python recipes/hyp_uml_cars.py --head-radius norm --radial-calibration 0 --degraded-copies 0  # the paper's head
 
-Cars196 (paper settings): ViT-S/16 → hyperbolic head (128-d, c = 0.1, clip 2.3) → uncertainty-
-adaptive contrastive loss; 3 samples per class, batch 294 (contrastive) or 2 per class and 194
-(triplet), AdamW lr 3e-5, weight decay 0.01, AMP. Without Cars196 the recipe trains a small
-ImageNet-pretrained CNN on the bundled glyph dataset so that it finishes in minutes on a CPU.
-
-Beyond the paper (so that the uncertainty it reads off the radius means something; bench/radius.py):
-the polar head, ``--radial-calibration 1`` (the radii ordered by in-batch retrieval success) and
-``--degraded-copies 0.25`` (a blurred / noisy / occluded copy of a quarter of each batch must sit
-nearer the origin). ``--head-radius norm --radial-calibration 0 --degraded-copies 0`` is the paper's setup.
+A ViT-S/16 (Cars196) or a small pretrained CNN (bundled glyphs) → hyperbolic head → uncertainty-
+adaptive contrastive (or triplet) loss, where a sample's uncertainty is read off its distance to
+the origin. By default the radius is also trained to mean something (the polar head,
+--radial-calibration, --degraded-copies); the three flags above give the paper's setup.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
+from pml_hyperbolic.training.config import optional_nonnegative_float, positive_float
 from pml_hyperbolic.training.presets import HYP_UML_PRESETS
 
 PAPER_CARS = HYP_UML_PRESETS["cars196"]
@@ -28,22 +24,25 @@ class HypUML(RecipeCommandLine):
     description = __doc__
     real_dataset = "cars196"
     reports_uncertainty = True  # print the Recall@1 of each uncertainty bin (the paper's claim)
+    docs_page = "hyp-uml.md"
 
     @classmethod
     def add_arguments(cls, parser):
         g = parser.add_argument_group("Hyp-UML")
         g.add_argument("--loss", default="contrastive", choices=["contrastive", "triplet"],
-                       help="Uncertainty-adaptive contrastive (temperature) or triplet (margin) loss.")
+                       help="Uncertainty-adaptive contrastive (temperature) or triplet (margin) loss; triplet "
+                            "on cars196: 2 per class, batch 194.")
         g.add_argument("--uncertainty-mode", default=None, choices=[None, "clip", "ball", "batch", "literal"],
                        type=lambda s: None if s in (None, "none", "None") else s,
                        help="How U is normalised (see pml_hyperbolic.uncertainty); 'literal' = the paper's formula.")
-        g.add_argument("--uncertainty-scale", type=float, default=0.3,
-                       help="Contrastive: τ_i = max(τ_min, scale·log(U_i/max U + 1)).")
-        g.add_argument("--min-temperature", type=float, default=0.05, help="Contrastive: lower bound τ_min.")
-        g.add_argument("--margin-scale", type=float, default=None,
-                       help="Triplet: margin = log(U/max U + 1)·margin_scale (default exp(c), the paper's).")
-        # The radius terms that make the uncertainty predict failures and degraded inputs (bench/radius.py,
-        # chosen on validation characters): on by default here, off in the other recipes.
+        g.add_argument("--uncertainty-scale", type=positive_float, default=0.3,
+                       help="Contrastive: τ_i = max(τ_min, scale·log(U_i/max U + 1)), scale > 0.")
+        g.add_argument("--min-temperature", type=positive_float, default=0.05,
+                       help="Contrastive: lower bound τ_min > 0.")
+        g.add_argument("--margin-scale", type=optional_nonnegative_float, default=None,
+                       help="Triplet: margin = log(U/max U + 1)·margin_scale ('none': exp(c), the paper's).")
+        # The radius terms that make the uncertainty predict failures and degraded inputs (chosen on
+        # validation characters, docs/design/recipe-defaults.md): on by default here, off elsewhere.
         parser.set_defaults(radial_calibration=1.0, degraded_copies=0.25)
 
     @classmethod

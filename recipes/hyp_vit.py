@@ -7,13 +7,13 @@
     torchrun --nproc_per_node=4 recipes/hyp_vit.py --dataset sop  # DistributedDataParallel
     python recipes/hyp_vit.py                                     # bundled glyphs, CPU-sized
 
-Paper settings: ViT-S/16, 128-d head, c = 0.1, clip 2.3, pairwise cross-entropy with τ = 0.2
-(0.1 for the sphere), batch 900 (whole classes), AdamW lr 3e-5 (1e-5 when starting from DINO),
-weight decay 0.01, gradient-norm clip 3, frozen patch embedding, AMP; 200 / 600 / 25000 / 2200
-steps on CUB / Cars / SOP / In-Shop.
+A ViT-S/16 → 128-d Poincaré-ball head (c = 0.1, clip 2.3) → pairwise cross-entropy on the
+Poincaré distance (τ = 0.2; the sphere: cosine, τ = 0.1). The benchmark presets are the paper's
+(batch 900 of whole classes, AdamW lr 3e-5, frozen patch embedding, its step counts).
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
+from pml_hyperbolic.training.config import nonnegative_float, optional_positive_float, positive_int, str2bool
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 PAPER_PRESETS = HYP_VIT_PRESETS
@@ -25,6 +25,7 @@ class HypViT(RecipeCommandLine):
     description = __doc__
     real_dataset = "cub200"
     paper_presets = PAPER_PRESETS
+    docs_page = "hyp-vit.md"
 
     def __init__(self, args):
         super().__init__(args)
@@ -36,17 +37,17 @@ class HypViT(RecipeCommandLine):
         g.add_argument("--model", default="hyp", choices=["hyp", "sph"],
                        help="'hyp': Poincaré-ball head and distance; 'sph': the L2-normalised baseline (cosine).")
         g.add_argument("--init", default="vit", choices=["vit", "dino"],
-                       help="Backbone initialisation: supervised ImageNet ViT-S/16 or DINO (sets lr 1e-5 and the "
-                            "timm DINO weights unless --backbone/--lr are given).")
-        g.add_argument("--hier-weight", type=float, default=0.0,
-                       help="Add HIER's hierarchical-proxy regulariser (Kim et al., CVPR'23) with this weight "
-                            "(0 = off; bench/radius.py picked 3 on a validation split of the bundled glyphs).")
-        g.add_argument("--hier-proxies", type=int, default=512, help="HIER: number of learnable proxies.")
-        g.add_argument("--view-pairs", type=lambda v: str(v).lower() in ("1", "true", "yes", "on"), default=False,
-                       help="The authors' multi-view loss (sum over the m(m-1) ordered view pairs); needs every class "
-                            "exactly m times in the (gathered) batch, so not with DDP when ranks share classes.")
-        g.add_argument("--temperature", type=float, default=None,
-                       help="Cross-entropy temperature τ (default 0.2 hyperbolic, 0.1 spherical).")
+                       help="Backbone initialisation: supervised ImageNet ViT-S/16 or DINO (on the benchmarks: "
+                            "the timm DINO weights and lr 1e-5 unless --backbone/--lr are given).")
+        g.add_argument("--hier-weight", type=nonnegative_float, default=0.0,
+                       help="Weight of HIER's hierarchical-proxy regulariser (Kim et al., CVPR'23) beside the "
+                            "loss (0 = off).")
+        g.add_argument("--hier-proxies", type=positive_int, default=512, help="HIER: number of learnable proxies.")
+        g.add_argument("--view-pairs", type=str2bool, default=False, metavar="BOOL",
+                       help="The authors' multi-view loss over the m(m-1) ordered view pairs; every class must "
+                            "appear exactly m times in the (gathered) batch.")
+        g.add_argument("--temperature", type=optional_positive_float, default=None,
+                       help="Cross-entropy temperature τ > 0 ('none': 0.2 hyperbolic, 0.1 spherical).")
 
     @classmethod
     def presets(cls, args):

@@ -3,34 +3,21 @@
 
     python recipes/unsupervised_hyperbolic.py                       # bundled glyphs, no labels used
     python recipes/unsupervised_hyperbolic.py --dataset cub --data-root /data/CUB_200_2011
+    python recipes/unsupervised_hyperbolic.py --paper-pseudo-labels --omega 10 --head-init random  # the paper's
     python recipes/unsupervised_hyperbolic.py --supervised          # hierarchical-margin variant
 
 No label is used for training: the training set is clustered hierarchically into pseudo-labels
-(``pml_hyperbolic.training.pseudo_labels.UnsupervisedPseudoLabels``: what is clustered, how, when)
-and the hierarchical log-ratio loss (HierarchicalLogRatioLoss, Ω) is trained on them; the labels are
-refreshed at the start of every epoch (a no-op by default: 512 Ward clusters of the PCA-whitened
-pre-trained backbone features, computed once; ``--pseudo-source features_then_embeddings`` re-clusters
-the learned embeddings). Before the first clustering the head's linear layer is warm-started as the
-PCA whitening of the training images' trunk outputs, at 10× the random init's norm so that the
-optimiser moves it in small steps (``--head-init whiten --head-init-scale 10``; the paper's random
-head: ``--head-init random``). Defaults were chosen on a validation split of the bundled glyphs
-(``bench/unsupervised_pseudo_labels.py --protocol recipe``; table in
-``pml_hyperbolic/training/pseudo_labels.py``): val R@1 35.7 (seeds 0-9) vs 31.0 for the previous
-defaults (random head, 128 clusters) and 30.2 for the pre-trained features; on the 160 test
-characters ``python bench/quality.py --datasets glyphs --threads 1 --rows raw,unsup_logratio`` gives
-18.4 ± 0.9 (19.5, 18.1, 17.7) vs 15.5 for the features, of which the warm start alone is 18.1. These
-are glyph choices: on another dataset pass ``--levels`` for its size. The paper's setting is
-``--paper-pseudo-labels --omega 10 --head-init random`` (average linkage, levels 100 70 40 10,
-pre-trained features first, then the learned embeddings). With ``--supervised`` the real class
-labels train the hierarchical-margin loss instead (no pseudo-labels, no warm start); on the bundled
-glyphs its head then trains at ``--head-lr 3e-4`` (``presets.HIER_MARGIN_GLYPH_HEAD_LR``): at the glyph
-default 3e-3, trained on all 160 characters, the head put every test query at the clip radius and
-test R@1 ended level with the untrained features (chosen on 16- and 32-character validation
-carves, ``bench/results/hier_margin_head_lr_stop25.txt``). Test labels are used only to report Recall@K.
+(pml_hyperbolic.training.pseudo_labels.UnsupervisedPseudoLabels), refreshed at the start of every
+epoch, and the hierarchical log-ratio loss is trained on them. The head's linear layer starts as
+the PCA whitening of the training images' trunk outputs (--head-init). The default pseudo-labels
+were chosen on the bundled glyphs: on another dataset pass --levels for its size. With --supervised
+the real class labels train the hierarchical-margin loss instead. Test labels are used only to
+report Recall@K.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import finite_positive_float
+from pml_hyperbolic.training.config import (finite_positive_float, greater_than_one, nonnegative_float,
+                                            nonnegative_int, positive_int)
 from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
@@ -47,12 +34,13 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
     description = __doc__
     real_dataset = "cub200"
     paper_presets = {"cub200": PAPER, "cars196": PAPER, "sop": PAPER}
+    docs_page = "unsupervised.md"
 
     @classmethod
     def presets(cls, args):
         preset = super().presets(args)
         if args.supervised and cls.resolved_dataset(args) == "glyphs":
-            # the margin loss's head rate, chosen on glyph validation carves (presets.HIER_MARGIN_GLYPH_HEAD_LR)
+            # the margin loss's head rate, chosen on glyph validation carves (docs/design/recipe-defaults.md)
             preset["head_lr"] = HIER_MARGIN_GLYPH_HEAD_LR
         return preset
 
@@ -72,35 +60,33 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
     def add_arguments(cls, parser):
         g = parser.add_argument_group("unsupervised hyperbolic metric learning")
         g.add_argument("--supervised", action="store_true",
-                       help="Train HierarchicalMarginLoss on the real labels instead of pseudo-labels.")
-        g.add_argument("--levels", type=int, nargs="+", default=None,
-                       help=f"Clusters per pseudo-label level, finest first (default {list(DEFAULT_PSEUDO_LEVELS)}; "
-                            f"the paper's K = 4 setting: {' '.join(map(str, PAPER_PSEUDO_LEVELS))}).")
+                       help="Train HierarchicalMarginLoss on the real labels instead of pseudo-labels (bundled "
+                            f"glyphs: --head-lr {HIER_MARGIN_GLYPH_HEAD_LR:g} by default).")
+        g.add_argument("--levels", type=positive_int, nargs="+", default=None, metavar="K",
+                       help=f"Clusters per pseudo-label level, finest first (unset: {' '.join(map(str, DEFAULT_PSEUDO_LEVELS))}; "
+                            f"the paper: {' '.join(map(str, PAPER_PSEUDO_LEVELS))}).")
         g.add_argument("--linkage", choices=LINKAGES, default=None,
-                       help="Agglomerative linkage of the pseudo-labels (default ward; the paper: average).")
+                       help="Agglomerative linkage of the pseudo-labels (unset: ward; the paper: average).")
         g.add_argument("--pseudo-source", choices=SOURCES, default=None,
-                       help="What is clustered: the pre-trained backbone features once (default 'features'), "
-                            "features first then the learned embeddings (the paper), or always the embeddings.")
-        g.add_argument("--whiten", type=int, default=None,
-                       help="PCA-whiten the backbone features to this many dimensions before clustering "
-                            "(default 256; 0: no whitening). Independent of --head-init.")
-        g.add_argument("--min-cluster-size", type=int, default=None,
-                       help="Merge finest pseudo-classes smaller than this into the nearest one (default 4).")
+                       help="What is clustered (unset: the pre-trained features, once; the paper: features "
+                            "then the learned embeddings).")
+        g.add_argument("--whiten", type=nonnegative_int, default=None, metavar="D",
+                       help="PCA-whiten the features to D dimensions before clustering (0: off; unset: 256).")
+        g.add_argument("--min-cluster-size", type=positive_int, default=None, metavar="N",
+                       help="Merge finest pseudo-classes smaller than N into the nearest one (unset: 4).")
         g.add_argument("--paper-pseudo-labels", action="store_true",
-                       help="Yan et al.'s pseudo-labels (average linkage, levels 100 70 40 10, features then "
-                            "embeddings); --levels/--linkage/... still override.")
+                       help="Yan et al.'s pseudo-labels (average linkage, levels "
+                            f"{' '.join(map(str, PAPER_PSEUDO_LEVELS))}, features then embeddings).")
         g.add_argument("--head-init", choices=HEAD_INITS, default=DEFAULT_UNSUPERVISED_HEAD_INIT,
-                       help="Start of the embedding head's linear layer: 'random' (its (semi-)orthogonal init, "
-                            "the paper) or 'whiten' (PCA whitening of the training images' trunk outputs, no "
-                            "label used; chosen on glyph validation). Unused with --supervised.")
+                       help="Start of the head's linear layer: 'random' (the paper) or 'whiten' (PCA whitening of "
+                            "the trunk outputs, no label used). Unused with --supervised.")
         g.add_argument("--head-init-scale", type=finite_positive_float, default=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE,
-                       help="--head-init whiten: the warm-started weight's norm, in units of the random init's; "
-                            "larger = smaller optimiser steps around the warm start (chosen on glyph validation).")
-        g.add_argument("--omega", type=float, default=1.2,
-                       help="Ω > 1 of the log-ratio loss (default 1.2, the loss's default; the paper: 10).")
-        g.add_argument("--gamma", type=float, default=0.05,
-                       help="--supervised: margin offset γ (0.05: HierarchicalMarginLoss's default, chosen on validation; "
-                            "the paper's contrastive form is HierarchicalMarginLoss(margin_form='contrastive', gamma=0.1)).")
+                       help="--head-init whiten: the weight's norm in units of the random init's (larger: "
+                            "smaller steps around it).")
+        g.add_argument("--omega", type=greater_than_one, default=1.2,
+                       help="Ω > 1 of the log-ratio loss (the paper: 10).")
+        g.add_argument("--gamma", type=nonnegative_float, default=0.05,
+                       help="--supervised: margin offset γ of HierarchicalMarginLoss.")
 
     # ---- data: hide the labels ----
     def train_dataset(self, dataset):

@@ -1,4 +1,4 @@
-"""A user's first hour (issue 15): instant --help and argument errors, one-line errors (exit 2),
+"""A user's first hour: instant --help and argument errors, one-line errors (exit 2),
 warnings for flags without effect, Ctrl-C (exit 130 + the --resume command), run folders that are
 refused or overwritten, and the end-of-run summary."""
 import json

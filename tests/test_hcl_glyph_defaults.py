@@ -1,15 +1,10 @@
-"""HCL's bundled-glyph defaults (issue 13 item 4): the trunk lr and hyperbolic weight chosen on
-validation characters by ``bench/hcl_validation.py`` are what the recipe's parser gives; the
-paper's weight stays one flag away and remains the default with --annotations."""
-import os
-import sys
-
+"""HCL's bundled-glyph defaults: the trunk lr and hyperbolic weight chosen on validation characters
+by ``bench/hcl_validation.py`` are what the recipe's parser gives; the paper's weight stays one flag
+away and remains the default with --annotations."""
 import pytest
 
 from pml_hyperbolic.training import presets
 from test_recipe_end_to_end import load_recipe
-
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
 
 
 def test_glyph_preset_gives_the_validation_choice(tmp_path):
@@ -31,21 +26,23 @@ def test_paper_setting_is_one_flag_away(tmp_path):
     assert coco.hyperbolic_weight == paper and coco.lr == 0.03
 
 
-def test_help_states_the_glyph_default_and_how_it_was_chosen():
+def test_help_states_the_glyph_defaults_and_the_page_the_choice_command():
     HCL = load_recipe("hcl").HCL
     text = " ".join(HCL.make_parser().format_help().split())  # whatever the terminal width wraps
-    assert f"bundled glyphs: {presets.HCL_GLYPH_HYPERBOLIC_WEIGHT:g}" in text
-    assert f"--lr {presets.HCL_GLYPH_TRUNK_LR:g}" in text
-    assert presets.HCL_GLYPH_CHOICE_COMMAND in text
-    assert presets.HCL_GLYPH_CHOICE_COMMAND.startswith("python bench/hcl_validation.py")
-    assert presets.HCL_GLYPH_CHOICE_COMMAND in " ".join(HCL.description.split())
+    assert f"(default: {presets.HCL_GLYPH_TRUNK_LR:g} on the bundled glyph scenes; 0.03 with --annotations)" in text
+    assert f"(default: {presets.HCL_GLYPH_HYPERBOLIC_WEIGHT:g})" in text  # the same value with --annotations
+    assert "docs/recipes/hcl.md" in text
+    assert presets.HCL_GLYPH_CHOICE_COMMAND.startswith("python -m bench hcl_validation")
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "recipes" / "hcl.md"
+    assert presets.HCL_GLYPH_CHOICE_COMMAND in " ".join(page.read_text(encoding="utf-8").split())
 
 
 def test_validation_script_parses_the_chosen_command():
-    sys.path.insert(0, BENCH)
-    import hcl_validation
+    from bench import hcl_validation
 
-    argv = presets.HCL_GLYPH_CHOICE_COMMAND.split()[2:]
+    argv = presets.HCL_GLYPH_CHOICE_COMMAND.split()[4:]
     a = hcl_validation.parse_args(argv)
     lrs = hcl_validation.floats(a.lrs, "--lrs")
     weights = hcl_validation.floats(a.weights, "--weights")
@@ -54,8 +51,7 @@ def test_validation_script_parses_the_chosen_command():
 
 
 def test_validation_table_scores_each_setting_against_its_own_carve():
-    sys.path.insert(0, BENCH)
-    import hcl_validation
+    from bench import hcl_validation
 
     key = (presets.HCL_GLYPH_TRUNK_LR, presets.HCL_GLYPH_HYPERBOLIC_WEIGHT, presets.HCL_GLYPH_VIEW_AUGMENTATION)
     other = (1e-3, 1.0, "font")
@@ -75,8 +71,7 @@ def test_validation_table_scores_each_setting_against_its_own_carve():
 
 
 def test_validation_recipe_flags_reach_the_row_and_refuse_the_grid():
-    sys.path.insert(0, BENCH)
-    import hcl_validation
+    from bench import hcl_validation
 
     extra = hcl_validation.recipe_flags('--temperature 0.5 --momentum 0.9')
     row = hcl_validation.hcl_row(3e-5, 0.1, "crop", extra)
@@ -90,8 +85,7 @@ def test_validation_recipe_flags_reach_the_row_and_refuse_the_grid():
 
 
 def test_validation_table_marks_the_default_only_without_extra_flags():
-    sys.path.insert(0, BENCH)
-    import hcl_validation
+    from bench import hcl_validation
 
     key = (presets.HCL_GLYPH_TRUNK_LR, presets.HCL_GLYPH_HYPERBOLIC_WEIGHT, presets.HCL_GLYPH_VIEW_AUGMENTATION)
     result = {"references": {0: 0.30}, "reference": 0.30, "runs": {key: {(0, 0): 0.31, (0, 1): 0.29}},

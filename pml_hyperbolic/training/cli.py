@@ -1,6 +1,6 @@
 """The torch-free half of a recipe: command line, ``--config`` file, presets, and every check that
 needs no model and no data (paths, batch size, run folder), so that ``--help`` and a user's
-mistakes are answered in well under a second instead of after torch, PML and timm are imported.
+mistakes are answered before torch, PML and timm are imported.
 
 A recipe script subclasses :class:`RecipeCommandLine` (its flags, presets and builders; the
 builders import what they need inside their bodies). Creating an instance builds the runnable
@@ -14,6 +14,8 @@ packages are imported::
 This module imports only the standard library, :mod:`.config` and :mod:`..data.registry` (both
 light as well); the packages' ``__init__`` files import their components lazily, so importing this
 module loads no torch.
+
+Design note: docs/design/recipe-defaults.md
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Dict, List, Optional, Sequence
+import textwrap
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
 from .config import DATASET_ALIASES, ConfigError, RecipeArgumentParser, add_common_arguments, check_batch_settings, \
@@ -44,14 +47,82 @@ class ImportedOnUse:
     recipe class say ``trainer_class = ImportedOnUse("pml_hyperbolic.training.hcl_trainer", "HCLTrainer")``."""
 
     def __init__(self, module: str, name: str):
+        """Name the class to import on first use.
+
+        Args:
+            module: the dotted module path.
+            name: the attribute of that module to return.
+        """
         self.module, self.name = module, name
 
     def __get__(self, instance, owner):
         return getattr(importlib.import_module(self.module), self.name)
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the recipe docstring's layout (its example commands) and shows every default."""
+#: The real benchmarks a recipe may carry the paper's preset for, in the order --help lists them.
+BENCHMARKS = ("cub200", "cars196", "sop", "inshop")
+
+
+def show_value(value: Any) -> str:
+    """A setting as the command line spells it.
+
+    Args:
+        value: a setting's value.
+
+    Returns:
+        Its text: ``true``/``false``, ``none``, ``1 2 4 8`` for a list, ``3e-05`` for a float.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return " ".join(show_value(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def default_note(default: Any, dest: str, columns: Sequence[Tuple[str, str, Dict]]) -> str:
+    """The ``default: ...`` note of one flag in ``--help``.
+
+    Args:
+        default: the flag's own default.
+        dest: the flag's ``dest`` name.
+        columns: ``(preposition, where, preset)`` per place a preset applies.
+
+    Returns:
+        Its value under each column, grouped by value, e.g.
+        ``default: 3 on the bundled glyphs; 10 on cub200, cars196``; a single value where every
+        column agrees.
+    """
+    groups: Dict[str, Dict[str, List[str]]] = {}
+    for preposition, where, preset in columns:
+        text = show_value(preset.get(dest, default))
+        groups.setdefault(text, {}).setdefault(preposition, []).append(where)
+    if len(groups) <= 1:
+        return f"default: {show_value(default)}"
+    parts = []
+    for text, places in groups.items():
+        phrases = []
+        for preposition, names in places.items():
+            named = "the benchmarks" if preposition == "on" and sorted(names) == sorted(BENCHMARKS) else ", ".join(names)
+            phrases.append(f"{preposition} {named}")
+        parts.append(f"{text} {' and '.join(phrases)}")
+    return "default: " + "; ".join(parts)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the recipe docstring's layout (its example commands) and ends each flag's help with
+    its default, per dataset where the presets differ (``action.default_note``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if ("%(default)" in text or action.default is argparse.SUPPRESS or not action.option_strings
+                or action.nargs == 0):
+            return text
+        note = getattr(action, "default_note", None) or f"default: {show_value(action.default)}"
+        return f"{text} ({note.replace('%', '%%')})"
 
 
 def _is_main_process() -> bool:
@@ -59,7 +130,11 @@ def _is_main_process() -> bool:
 
 
 def warn(message: str) -> None:
-    """One ``warning: ...`` line on stderr (rank 0 only under torchrun)."""
+    """Print one ``warning: <message>`` line on stderr (rank 0 only under torchrun).
+
+    Args:
+        message: the warning, one line.
+    """
     if _is_main_process():
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -70,10 +145,18 @@ def warn(message: str) -> None:
 def light_dataset_name(requested: str, data_root: Optional[str], real_default: str) -> Optional[str]:
     """The dataset ``--dataset``/``--data-root`` select, decided from names and paths alone.
 
-    Returns ``None`` only where the answer depends on a folder's layout: ``--dataset auto`` without
-    ``--data-root`` while a data environment variable is set (the runner then looks inside it).
-    Raises :class:`ConfigError` for a ``--data-root`` that does not exist and for a named benchmark
-    with no way to find it.
+    Args:
+        requested: the ``--dataset`` value (an alias of :data:`DATASET_ALIASES`).
+        data_root: the ``--data-root`` value, or None.
+        real_default: the benchmark ``--dataset auto`` looks for.
+
+    Returns:
+        The canonical dataset name, or None where the answer depends on a folder's layout
+        (``--dataset auto`` without ``--data-root`` while a data environment variable is set).
+
+    Raises:
+        ConfigError: for a ``--data-root`` that does not exist, and for a named benchmark with no
+            way to find it.
     """
     name = DATASET_ALIASES[requested]
     if data_root is not None and not os.path.exists(os.path.expanduser(data_root)):
@@ -96,12 +179,30 @@ def light_dataset_name(requested: str, data_root: Optional[str], real_default: s
 
 
 def previous_run_files(run_dir: str) -> List[str]:
-    """Names of the files of an earlier run found in ``run_dir``."""
+    """The files of an earlier run found in a run folder.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The names among :data:`PREVIOUS_RUN_FILES` that exist there.
+    """
     return [name for name in PREVIOUS_RUN_FILES if os.path.isfile(os.path.join(run_dir, name))]
 
 
 def resume_checkpoint_path(run_dir: str, resume: Optional[str]) -> Optional[str]:
-    """The checkpoint ``--resume`` names (``auto``: ``<run_dir>/last.pt``), checked to exist."""
+    """The checkpoint ``--resume`` names, checked to exist.
+
+    Args:
+        run_dir: the run folder.
+        resume: the ``--resume`` value: None, ``auto`` (``<run_dir>/last.pt``) or a path.
+
+    Returns:
+        The checkpoint path, or None without ``--resume``.
+
+    Raises:
+        ConfigError: when the checkpoint does not exist.
+    """
     if resume is None:
         return None
     path = os.path.join(run_dir, "last.pt") if resume == "auto" else resume
@@ -113,7 +214,17 @@ def resume_checkpoint_path(run_dir: str, resume: Optional[str]) -> Optional[str]
 
 def check_run_folder(run_dir: str, resume: Optional[str], overwrite: bool) -> None:
     """Refuse to mix two runs in one folder: a folder holding an earlier run needs ``--resume``
-    (continue it) or ``--overwrite`` (delete it first)."""
+    (continue it) or ``--overwrite`` (delete it first).
+
+    Args:
+        run_dir: the run folder.
+        resume: the ``--resume`` value, or None.
+        overwrite: whether ``--overwrite`` was given.
+
+    Raises:
+        ConfigError: for ``--resume`` with ``--overwrite``, a missing checkpoint, or a used folder
+            without either flag.
+    """
     if resume is not None and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: --resume continues the run in "
                           f"{run_dir}, --overwrite deletes it. Give one of them.")
@@ -127,9 +238,40 @@ def check_run_folder(run_dir: str, resume: Optional[str], overwrite: bool) -> No
                           "plots), or choose another --output-dir.")
 
 
+def check_output_folder(run_dir: str, flag: str = "--output-dir") -> None:
+    """Refuse a run folder that cannot be created or written.
+
+    Args:
+        run_dir: the run folder (it need not exist yet).
+        flag: how the message names it.
+
+    Raises:
+        ConfigError: when ``run_dir`` is a file, lies under a file, or its nearest existing folder
+            is not writable.
+    """
+    path = os.path.abspath(os.path.expanduser(run_dir))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {run_dir} is a file, not a folder. Choose a folder for the run.")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{flag} {run_dir} lies under {parent}, which is a file, not a folder. Choose a folder "
+                          "for the run.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {run_dir}: {parent} is not writable. Choose a folder you can write to.")
+
+
 def clear_previous_run(run_dir: str) -> List[str]:
-    """Delete an earlier run's files from ``run_dir`` (only the files a run writes: the folder may
-    hold other things); returns what was deleted."""
+    """Delete an earlier run's files from a run folder (only the files a run writes: the folder may
+    hold other things).
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The names deleted (``tensorboard/`` for that folder).
+    """
     import json
 
     names = set(OVERWRITTEN_FILES)
@@ -154,8 +296,15 @@ def clear_previous_run(run_dir: str) -> List[str]:
 
 
 def resume_command(argv: Sequence[str], program: Optional[str] = None) -> str:
-    """The command line that continues an interrupted run: the same flags, ``--overwrite`` dropped,
-    ``--resume`` added."""
+    """The command line that continues an interrupted run.
+
+    Args:
+        argv: the run's arguments, without the program name.
+        program: the script's path (default ``sys.argv[0]``).
+
+    Returns:
+        The shell-quoted command: the same flags, ``--overwrite`` dropped, ``--resume`` added.
+    """
     program = program or (sys.argv[0] if sys.argv and sys.argv[0] else "recipe.py")
     kept = [a for a in argv if a != "--overwrite"]
     if not any(a == "--resume" or a.startswith("--resume=") for a in kept):
@@ -164,7 +313,14 @@ def resume_command(argv: Sequence[str], program: Optional[str] = None) -> str:
 
 
 def ineffective_flag_warnings(args: argparse.Namespace) -> List[str]:
-    """Flags the user set that the run will not use (each a one-line warning)."""
+    """Flags the user set that the run will not use.
+
+    Args:
+        args: the parsed settings (with ``_explicit``).
+
+    Returns:
+        One warning line per such flag.
+    """
     explicit = getattr(args, "_explicit", set())
     out = []
     if "lr" in explicit and args.freeze_trunk and args.head_lr is not None:
@@ -192,11 +348,15 @@ class RecipeCommandLine:
     default_backbone = "vit_small_patch16_224"
     trainer_class = ImportedOnUse("pml_hyperbolic.training.trainer", "HyperbolicTrainer")
     label_hierarchy_level = 0
-    # Settings for the bundled-glyph path on CPU (a small pretrained CNN at small size; the
-    # paper's ViT-S/16 at 224 px would take hours on 2 cores).
     # Score the head's output (True) or the trunk's features (False: the head is a projection that
     # only serves the loss, as MoCo's and HCL's MLP).
     evaluate_head = True
+    # Fewest images per class in a batch: metric losses need a positive (HCL's self-supervised views: 1).
+    min_samples_per_class = 2
+    # The recipe's page under docs/recipes/ (named in --help).
+    docs_page = "index.md"
+    # Settings for the bundled glyphs on a CPU: a small pretrained CNN at a small image size (the
+    # papers' ViT-S/16 at 224 px would take hours on a few cores).
     glyph_preset: Dict = {
         "backbone": "efficientnet_lite0", "pretrained": True, "image_size": 48, "resize_size": 48,
         "batch_size": 120, "samples_per_class": 4, "lr": 3e-4, "head_lr": 3e-3, "epochs": 3,
@@ -210,6 +370,11 @@ class RecipeCommandLine:
         return super().__new__(cls.runnable())
 
     def __init__(self, args: argparse.Namespace):
+        """Hold the settings (the runner builds everything else).
+
+        Args:
+            args: the settings from :meth:`parse`.
+        """
         self.args = args
 
     @classmethod
@@ -235,25 +400,57 @@ class RecipeCommandLine:
     # ---- command line ----
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Recipe-specific flags."""
+        """Add the recipe's own flags (a subclass hook; the base adds none).
+
+        Args:
+            parser: the recipe's parser, the shared flags already added.
+        """
+
+    @classmethod
+    def preset_columns(cls) -> List[Tuple[str, str, Dict]]:
+        """Where each preset applies, as ``(preposition, where, preset)``: what ``--help`` lists
+        beside each flag's default (the bundled glyphs first, then the benchmarks)."""
+        return [("on", "the bundled glyphs", dict(cls.glyph_preset))] + [
+            ("on", name, dict(cls.paper_presets.get(name, {}))) for name in BENCHMARKS]
 
     @classmethod
     def make_parser(cls) -> argparse.ArgumentParser:
+        """The recipe's parser: the shared flags, the recipe's, and each flag's default per preset.
+
+        Returns:
+            A :class:`RecipeArgumentParser` (one-line errors).
+        """
         prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0].endswith(".py") else f"{cls.name}.py"
         parser = RecipeArgumentParser(
             prog=prog, description=cls.description,
-            epilog="Defaults shown are the generic ones; the dataset's preset (the paper's settings for a "
-                   "real benchmark, the CPU demo for the bundled glyphs) replaces them unless the flag "
-                   "is given (or set in --config). A run folder that holds a previous run is refused: "
-                   "continue it with --resume or start afresh with --overwrite.",
+            epilog=textwrap.fill(
+                "Defaults: where the presets differ, each flag lists its default per dataset; the bundled "
+                "glyphs are used with --dataset glyphs, or by --dataset auto when no benchmark is found. "
+                "A flag or a --config key overrides the preset. A run folder holding a previous run is "
+                "refused: continue it with --resume or start afresh with --overwrite. "
+                f"Presets and notes: docs/recipes/{cls.docs_page}", width=78, break_on_hyphens=False),
             formatter_class=_HelpFormatter)
         add_common_arguments(parser, default_backbone=cls.default_backbone, hyperbolic=cls.hyperbolic)
         cls.add_arguments(parser)
+        columns = cls.preset_columns()
+        for action in parser._actions:
+            if any(action.dest in preset for _, _, preset in columns):
+                action.default_note = default_note(action.default, action.dest, columns)
         return parser
 
     @classmethod
-    def resolved_dataset(cls, args) -> str:
-        """The canonical dataset this run uses (``glyphs`` for ``--dataset auto`` without the data)."""
+    def resolved_dataset(cls, args: argparse.Namespace) -> str:
+        """The canonical dataset this run uses.
+
+        Args:
+            args: the settings so far.
+
+        Returns:
+            The dataset name (``glyphs`` for ``--dataset auto`` without the benchmark's data).
+
+        Raises:
+            ConfigError: as :func:`light_dataset_name`.
+        """
         name = light_dataset_name(args.dataset, args.data_root, cls.real_dataset)
         if name is None:  # auto with a data environment variable: the folder's layout decides
             from .runner import resolve_dataset
@@ -262,33 +459,81 @@ class RecipeCommandLine:
         return name
 
     @classmethod
-    def presets(cls, args) -> Dict:
+    def presets(cls, args: argparse.Namespace) -> Dict:
+        """The preset of the dataset in use (a copy).
+
+        Args:
+            args: the settings so far.
+
+        Returns:
+            The glyph preset on the bundled data, else the paper's preset for the dataset (empty
+            where the recipe has none).
+        """
         name = cls.resolved_dataset(args)
         if name == "glyphs":
             return dict(cls.glyph_preset)
         return dict(cls.paper_presets.get(name, {}))
 
     @classmethod
-    def parse(cls, argv=None) -> argparse.Namespace:
+    def parse(cls, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+        """Parse a command line with the ``--config`` file and the presets (:func:`parse_config`).
+
+        Args:
+            argv: the arguments without the program name (default ``sys.argv[1:]``).
+
+        Returns:
+            The settings.
+        """
         return parse_config(cls.make_parser, argv, presets=cls.presets)
 
     @classmethod
-    def run_folder(cls, args) -> str:
+    def run_folder(cls, args: argparse.Namespace) -> str:
+        """The run folder: ``--output-dir``, else ``runs/<recipe>-<dataset>``.
+
+        Args:
+            args: the settings.
+
+        Returns:
+            The folder's path.
+        """
         return args.output_dir or os.path.join("runs", f"{cls.name}-{cls.resolved_dataset(args)}")
 
     @classmethod
-    def preflight(cls, args) -> None:
-        """Every check that needs neither torch nor data, run before anything is loaded or written."""
+    def preflight(cls, args: argparse.Namespace) -> None:
+        """Every check that needs neither torch nor data, run before anything is loaded or written.
+
+        Args:
+            args: the settings.
+
+        Raises:
+            ConfigError: for samples per class below :attr:`min_samples_per_class`, a batch size
+                that holds no whole classes, or a run folder that cannot be used.
+        """
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if args.samples_per_class < cls.min_samples_per_class:
+            raise ConfigError(f"--samples-per-class must be >= {cls.min_samples_per_class} for {cls.name} (a metric "
+                              f"loss needs two images of a class in the batch), got {args.samples_per_class}")
         check_batch_settings(args.batch_size, args.samples_per_class, world_size)
-        check_run_folder(cls.run_folder(args), args.resume, args.overwrite)
+        run_dir = cls.run_folder(args)
+        check_output_folder(run_dir, "--output-dir" if args.output_dir else "run folder")
+        check_run_folder(run_dir, args.resume, args.overwrite)
         for message in ineffective_flag_warnings(args):
             warn(message)
 
     @classmethod
-    def main(cls, argv=None) -> Dict:
-        """Entry point of a recipe script: a user error prints one ``error:`` line and exits with
-        status 2; Ctrl-C prints where the last checkpoint is and how to resume, and exits with 130."""
+    def main(cls, argv: Optional[Sequence[str]] = None) -> Dict:
+        """Entry point of a recipe script.
+
+        Args:
+            argv: the arguments without the program name (default ``sys.argv[1:]``).
+
+        Returns:
+            The run's results.
+
+        Raises:
+            SystemExit: status 2 after one ``error:`` line for a user error; 130 on Ctrl-C, after
+                printing where the last checkpoint is and how to resume.
+        """
         argv = list(sys.argv[1:] if argv is None else argv)
         run_dir = None
         try:
@@ -305,7 +550,15 @@ class RecipeCommandLine:
 
 
 def interrupted_message(run_dir: Optional[str], argv: Sequence[str]) -> str:
-    """The one line printed on Ctrl-C."""
+    """The one line printed on Ctrl-C.
+
+    Args:
+        run_dir: the run folder, or None before it was decided.
+        argv: the run's arguments, without the program name.
+
+    Returns:
+        Where the last checkpoint is and the command that resumes from it, or how to start again.
+    """
     checkpoint = os.path.join(run_dir, "last.pt") if run_dir else None
     if checkpoint and os.path.isfile(checkpoint):
         return (f"interrupted: the last checkpoint is {checkpoint}; continue with: {resume_command(argv)}")

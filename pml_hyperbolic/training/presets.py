@@ -1,8 +1,10 @@
 """The papers' settings of every recipe, in one place (recipes are configuration and import these).
 
 Each dict maps a dataset name to the argument values the paper used; the recipes apply them when
-the real dataset is found (``Recipe.paper_presets``). Sources: the papers and their public code,
-see ``shared/papers/README.md`` in the project notes and each recipe's docstring.
+the real dataset is found (``Recipe.paper_presets``). Sources: the papers and their public code;
+docs/recipes/ compares each paper's presets with the bundled-data ones.
+
+Design note: docs/design/recipe-defaults.md
 """
 from __future__ import annotations
 
@@ -29,10 +31,8 @@ DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 # HCL (Ge et al., CVPR'23). The paper weighs its hyperbolic scene->object loss 0.1 (the recipe's
 # default with --annotations). On the bundled glyphs the trunk learning rate, that weight and the object
 # views' augmentation were chosen on validation splits carved from the training characters (never the
-# test characters), four carves x three seeds per setting; the figures, and the test check after the
-# choice (HCL stays below its features), are in recipes/hcl.py's docstring and
-# bench/results/hcl_validation_stop23.txt. HCL_GLYPH_CHOICE_COMMAND compares the chosen setting with the
-# other views; the recipe's --help quotes it.
+# test characters); HCL_GLYPH_CHOICE_COMMAND reruns the comparison of the chosen setting with the other
+# views. The figures are in docs/design/recipe-defaults.md.
 HCL_PAPER_HYPERBOLIC_WEIGHT = 0.1
 HCL_GLYPH_TRUNK_LR = 3e-5
 HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
@@ -40,15 +40,13 @@ HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
 # the one list of choices, kept here because the recipes' command line must stay torch-free).
 GLYPH_VIEW_AUGMENTATIONS = ("crop", "font")
 HCL_GLYPH_VIEW_AUGMENTATION = "crop"
-HCL_GLYPH_CHOICE_COMMAND = ("python bench/hcl_validation.py --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font "
+HCL_GLYPH_CHOICE_COMMAND = ("python -m bench hcl_validation --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font "
                             "--carve-seeds 0,1,2,3 --seeds 0,1,2 --top 2")
 
 # Supervised hierarchical-margin loss (recipes/unsupervised_hyperbolic.py --supervised) on the bundled
-# glyphs: the embedding head's learning rate. At the glyph default 3e-3, trained on all 160 characters,
-# the head put every test query at the clip radius and test R@1 ended level with the untrained features,
-# while carves that leave 96 characters for training hid it; chosen among 3e-3 / 1e-3 / 3e-4 / 1e-4 on
-# 16- and 32-character validation carves (144 / 128 left for training), four carves x three seeds:
-# bench/results/hier_margin_head_lr_stop25.txt.
+# glyphs: the embedding head's learning rate, chosen on validation carves of the training characters
+# (at the generic glyph head rate the head pushed every test query to the clip radius);
+# docs/design/recipe-defaults.md has the figures.
 HIER_MARGIN_GLYPH_HEAD_LR = 3e-4
 
 _VIT = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "lr": 3e-5,
