@@ -220,7 +220,7 @@ def test_disk_rings_and_clip_radius_are_drawn_where_they_belong(tmp_path):
     assert _pixels_at_radius(image, (centre_r, centre_c), clip_px, to_rgb("tab:red")) < 5
 
 
-def test_ring_distance_helpers_reference_values():
+def test_ring_distance_functions_reference_values():
     import numpy as np
 
     from pml_hyperbolic.evaluation.poincare_disk_plot import disk_radius_of_distance, ring_distances
@@ -260,9 +260,9 @@ def test_disk_legend_column_and_hierarchy_colouring(tmp_path):
         assert _pixels_near(image, rgb) > 20
     for rgb in group_colours(6)[3:, :3]:  # finest-level colours beyond the three parents: absent
         assert _pixels_near(image, rgb) == 0
-    # many classes: a colour bar instead of a list
+    # many classes, every one coloured (highlight=None): a colour bar instead of a list
     many = tmp_path / "many.png"
-    plot_poincare_disk(x, torch.arange(240) % 40, many, c=0.1)
+    plot_poincare_disk(x, torch.arange(240) % 40, many, c=0.1, highlight=None)
     column = mpimg.imread(many)[:, int(760 * 0.69):, :3]
     viridis = group_colours(40)[:, :3]
     assert sum(_pixels_near(column, rgb, tol=0.02) > 0 for rgb in viridis) > 30
@@ -330,3 +330,190 @@ def test_uncertainty_plot_protocol_and_overall_match_the_run(tmp_path):
     d = pb.pairwise_dist(queries.double(), gallery.double(), 0.1)
     run_recall = float((y[100:][d.argmin(1)] == y[:100]).double().mean())
     assert overall_recall_at_1(table) == pytest.approx(run_recall)
+
+
+# ---- readability: few highlighted classes, labels off the points, U explained -----------------
+
+def _capture_saved_figures(monkeypatch):
+    """Keep every figure the plot functions save, to inspect their artists after the call."""
+    import matplotlib.figure
+
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+
+    def spy(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    return saved
+
+
+def _ring_of_points(n=960, n_classes=160, seed=0):
+    """Clipped embeddings in a thin annulus (d0 1.6 .. 2.8) crossed by the d0 = 2 ring, as a head on
+    pretrained features gives: a label put on that ring would sit on the points."""
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, n_classes, (n,), generator=g)
+    v = torch.randn(n_classes, 64, generator=g)[y] + 1.2 * torch.randn(n, 64, generator=g)
+    v = v / v.norm(dim=1, keepdim=True) * (1.1 + 0.1 * torch.randn(n, 1, generator=g))
+    geometry = PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)
+    return geometry.to_ball(v), y, geometry
+
+
+def _disk_axes(fig):
+    return next(ax for ax in fig.axes if any(t.get_gid() == "ring-label" for t in ax.texts))
+
+
+def test_disk_plot_colours_at_most_highlight_classes_plus_grey(tmp_path, monkeypatch):
+    import numpy as np
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import OTHER_COLOUR
+
+    x, y, geometry = _ring_of_points()
+    saved = _capture_saved_figures(monkeypatch)
+    for highlight in (10, 4):
+        plot_poincare_disk(x, y, tmp_path / "disk.png", c=geometry, highlight=highlight)
+        ax = _disk_axes(saved[-1])
+        colours = np.concatenate([col.get_facecolors()[:, :3] for col in ax.collections])
+        assert len(colours) == 960  # every point drawn once
+        distinct = {tuple(np.round(rgb, 4)) for rgb in colours}
+        assert len(distinct) == highlight + 1 and tuple(np.round(OTHER_COLOUR[:3], 4)) in distinct
+        # the grey ones first (underneath), the highlighted ones on top
+        grey, front = ax.collections
+        assert grey.get_zorder() < front.get_zorder()
+        assert {tuple(np.round(rgb, 4)) for rgb in grey.get_facecolors()[:, :3]} == {tuple(np.round(OTHER_COLOUR[:3], 4))}
+        # the legend names the highlighted classes and the rest
+        legend_ax = saved[-1].axes[1]
+        texts = [t.get_text() for legend in legend_ax.get_children() if hasattr(legend, "get_texts")
+                 for t in legend.get_texts()]
+        assert sum(t.startswith("class ") for t in texts) == highlight
+        assert f"{len(set(y.tolist())) - highlight} other classes" in texts
+
+
+def test_highlighted_groups_are_the_largest_ties_by_label_or_the_given_list():
+    import numpy as np
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import highlighted_groups
+
+    values = np.array([3, 5, 7, 9, 11])
+    counts = np.array([4, 9, 4, 9, 1])
+    # the three largest: 5 and 9 (9 each), then 3 before 7 (a tie at 4: the smaller label)
+    assert values[highlighted_groups(values, counts, 3)].tolist() == [3, 5, 9]
+    assert values[highlighted_groups(values, counts, 10)].tolist() == [3, 5, 7, 9, 11]
+    assert values[highlighted_groups(values, counts, [11, 3])].tolist() == [11, 3]
+    assert len(highlighted_groups(values, counts, None)) == 5
+    for bad, match in ((0, "between 1"), (21, "between 1"), ([4], "no point"), ([3, 3], "repeats"),
+                       ("3", "an int")):
+        with pytest.raises(ValueError, match=match):
+            highlighted_groups(values, counts, bad)
+
+
+def test_disk_plot_ring_labels_cover_no_point(tmp_path, monkeypatch):
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from pml_hyperbolic.evaluation.poincare_disk_plot import disk_radius_of_distance
+
+    saved = _capture_saved_figures(monkeypatch)
+    x, y, geometry = _ring_of_points()
+    spread = pb.expmap0(torch.randn(400, 8, generator=torch.Generator().manual_seed(1)) * 1.2, 0.1)
+    for emb, lab, c in ((x, y, geometry), (spread, torch.arange(400) % 6, 0.1)):
+        xy = plot_poincare_disk(emb, lab, tmp_path / "disk.png", c=c, radius_histogram=True)
+        fig = saved[-1]
+        ax = _disk_axes(fig)
+        renderer = FigureCanvasAgg(fig).get_renderer()  # the figure was closed after saving
+        labels = [t for t in ax.texts if t.get_gid() == "ring-label"]
+        assert len(labels) >= 3  # d0 rings, the clip sphere or the rim
+        points_px = ax.transData.transform(xy)
+        for text in labels:
+            box = text.get_window_extent(renderer)  # the text with its white box
+            inside = ((points_px[:, 0] > box.x0 - 2) & (points_px[:, 0] < box.x1 + 2)
+                      & (points_px[:, 1] > box.y0 - 2) & (points_px[:, 1] < box.y1 + 2))
+            assert not inside.any(), f"ring label {text.get_text()!r} covers {int(inside.sum())} point(s)"
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for i in range(len(boxes)):
+            for j in range(i + 1, len(boxes)):
+                assert not boxes[i].overlaps(boxes[j])  # nor one another
+    # the annulus is crossed by the d0 = 2 ring: its label was pushed off the points, with a leader line
+    xy = plot_poincare_disk(x, y, tmp_path / "disk.png", c=geometry)
+    ax = _disk_axes(saved[-1])
+    first = next(t for t in ax.texts if t.get_text().startswith("d₀ ="))
+    ring = float(disk_radius_of_distance(2.0, 0.1))
+    assert np.hypot(*first.get_position()) > ring + 0.01
+    leaders = [line for line in ax.lines if len(line.get_xdata()) == 2]
+    assert leaders and any(np.hypot(line.get_xdata()[0], line.get_ydata()[0]) == pytest.approx(ring)
+                           for line in leaders)  # a leader line starts on the d0 = 2 ring
+
+
+def test_disk_plot_says_what_the_points_are_and_the_projection(tmp_path, monkeypatch):
+    saved = _capture_saved_figures(monkeypatch)
+    x, y = data(120)
+    plot_poincare_disk(x, y, tmp_path / "d.png", c=0.1)
+    ax = _disk_axes(saved[-1])
+    assert ax.get_title() == "120 test queries in the Poincaré disk (c = 0.1)"
+    assert any("projection" in t.get_text() and "tangent" in t.get_text() for t in ax.texts)
+    plot_poincare_disk(x, y, tmp_path / "d.png", c=0.1, points_label="gallery images", caption="")
+    ax = _disk_axes(saved[-1])
+    assert "gallery images" in ax.get_title()
+    assert not any("projection" in t.get_text() for t in ax.texts)
+
+
+def test_uncertainty_plot_without_radius_information_draws_a_message_and_no_bars(tmp_path, monkeypatch):
+    import warnings
+
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    saved = _capture_saved_figures(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 20
+    geometry = PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)
+    x = geometry.to_ball(torch.randn(200, 16, generator=g) * 5)  # every norm beyond r: all on the clip sphere
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = plot_uncertainty_vs_recall(x, y, tmp_path / "flat.png", c=geometry, n_bins=5)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "the radius carries no information" in messages[0].lower()
+    assert len(table) == 1 and table[0]["count"] == 200  # the table still comes back
+    fig = saved[-1]
+    ax = fig.axes[0]
+    assert not ax.containers and not [p for p in ax.patches if p.get_height() > 0]  # no bars
+    shown = " ".join(t.get_text() for t in ax.texts)
+    assert "The radius carries no information: every embedding has d₀ ≈ 4.600" in shown
+    assert "Overall Recall@1" in shown
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "U = clamp(1 − d₀ / (2·2.3), 0, 1)" in caption and "far from the origin = confident" in caption
+
+
+def test_uncertainty_plot_with_spread_radii_draws_bins_and_marks_small_ones(tmp_path, monkeypatch):
+    import warnings
+
+    saved = _capture_saved_figures(monkeypatch)
+    x, y = data(300, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # distinct radii: no warning at all
+        table = plot_uncertainty_vs_recall(x, y, tmp_path / "u.png", c=0.1, n_bins=5, clip_r=10.0)
+    ax = saved[-1].axes[0]
+    bars = ax.containers[0]
+    assert len(bars) == len(table) == 5
+    assert [b.get_height() for b in bars] == pytest.approx([r["recall_at_1"] for r in table])
+    assert not any(b.get_hatch() for b in bars)  # 60 queries per bin: none marked
+    assert "U = clamp(1 − d₀ / (2·10), 0, 1)" in " ".join(t.get_text() for t in saved[-1].texts)
+    plot_uncertainty_vs_recall(x, y, tmp_path / "u.png", c=0.1, n_bins=5, clip_r=10.0, min_count=61)
+    bars = saved[-1].axes[0].containers[0]
+    assert all(b.get_hatch() == "///" for b in bars)
+    assert any("fewer than 61 queries" in t.get_text() for t in saved[-1].axes[0].texts)
+
+
+def test_describe_uncertainty_follows_the_mode():
+    from pml_hyperbolic.evaluation.uncertainty_recall import describe_uncertainty
+
+    assert describe_uncertainty() == describe_uncertainty("clip", 2.3)
+    assert "d₀ = 4.6" in describe_uncertainty()
+    assert "√c" in describe_uncertainty("ball")
+    assert "max d₀" in describe_uncertainty("batch")
+    assert "1 − d₀/2" in describe_uncertainty("literal")
+    assert "given" in describe_uncertainty(given=True)
+    with pytest.raises(ValueError, match="mode"):
+        describe_uncertainty("radius")

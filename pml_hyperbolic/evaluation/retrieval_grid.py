@@ -1,14 +1,25 @@
 """Retrieval grid: a few queries (one row each) with their top-k gallery images, framed green when
-the neighbour shares the query's class and red when it does not (matplotlib, Agg backend)."""
+the neighbour shares the query's class and red when it does not (matplotlib, Agg backend).
+
+A Recall@1 says how often the top neighbour is right; the grid shows what the errors look like
+(near-duplicates of another class, a confusing pose, a mislabelled image).
+
+Design note: docs/design/plots.md
+"""
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+import os
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from .. import poincare_ball as pb
+from ..poincare_ball import CurvatureLike
+
+#: Arrays the functions accept: a tensor, a numpy array or a nested sequence of numbers.
+ArrayLike = Union[torch.Tensor, np.ndarray, Sequence]
 
 #: Frame colours (RGB in [0, 1]): a correct neighbour, a wrong one, the query itself.
 CORRECT_COLOUR = (0.13, 0.65, 0.20)
@@ -22,24 +33,44 @@ def _is_image_like(value) -> bool:
     return isinstance(value, (np.ndarray, torch.Tensor)) or hasattr(value, "convert")  # PIL has convert
 
 
-def fetch_item(images, index: int):
-    """``(image, label_or_None)`` of item ``index`` of ``images``: an N-array / tensor of images, a
-    sequence of images (arrays, tensors or PIL images), or a dataset returning ``(image, label)``."""
+def fetch_item(images: Sequence, index: int) -> tuple:
+    """One item of an image collection.
+
+    Args:
+        images: an N-array / tensor of images, a sequence of images (arrays, tensors or PIL
+            images), or a dataset returning ``(image, label)``.
+        index: which item.
+
+    Returns:
+        ``(image, label)``, the label ``None`` when ``images`` holds bare images.
+    """
     item = images[int(index)]
     if isinstance(item, (tuple, list)) and len(item) >= 2 and _is_image_like(item[0]):
         return item[0], item[1]
     return item, None
 
 
-def to_display_image(image, mean: Optional[Sequence[float]] = None,
+def to_display_image(image: object, mean: Optional[Sequence[float]] = None,
                      std: Optional[Sequence[float]] = None) -> np.ndarray:
     r"""One image as an (H × W × 3) float array in [0, 1] for ``imshow``.
 
-    Accepts a PIL image, or an array / tensor laid out H × W, C × H × W (C = 1 or 3, the torchvision
-    layout) or H × W × C (C = 1, 3 or 4; alpha dropped). ``uint8`` values are divided by 255. With
-    ``mean`` and ``std`` (per channel, as given to ``Normalize``) the normalisation is undone:
-    :math:`x \cdot \sigma + \mu`. Values then outside [0, 1] (beyond rounding) are an error: they
-    mean a normalised image whose ``mean``/``std`` were not given."""
+    ``uint8`` values are divided by 255; with ``mean`` and ``std`` the normalisation is undone,
+    :math:`x \cdot \sigma + \mu`.
+
+    Args:
+        image: a PIL image, or an array / tensor laid out H × W, C × H × W (C = 1 or 3, the
+            torchvision layout) or H × W × C (C = 1, 3 or 4; alpha dropped).
+        mean: per-channel mean given to ``Normalize`` (with ``std``).
+        std: per-channel standard deviation given to ``Normalize`` (with ``mean``).
+
+    Returns:
+        (H, W, 3) float64 array in [0, 1] (grey images repeated over three channels).
+
+    Raises:
+        ValueError: a non-numeric or wrongly shaped image, only one of ``mean`` / ``std``, a
+            wrong number of channel statistics, NaN/Inf values, or values outside [0, 1] beyond
+            rounding (a normalised image whose ``mean``/``std`` were not given).
+    """
     if hasattr(image, "convert") and not isinstance(image, (np.ndarray, torch.Tensor)):
         array = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
     else:
@@ -78,7 +109,14 @@ def to_display_image(image, mean: Optional[Sequence[float]] = None,
 
 
 def letterbox(array: np.ndarray) -> np.ndarray:
-    """Pad an (H × W × 3) image with white to a square, centred, so every cell shows it unstretched."""
+    """Pad an image with white to a square, centred, so every cell shows it unstretched.
+
+    Args:
+        array: (H, W, 3) image in [0, 1].
+
+    Returns:
+        (S, S, 3) image, S = max(H, W).
+    """
     height, width = array.shape[:2]
     side = max(height, width)
     out = np.ones((side, side, 3), dtype=array.dtype)
@@ -98,10 +136,21 @@ def _as_label_vector(labels, name: str) -> np.ndarray:
     return array
 
 
-def select_queries(top1_correct, n_queries: int, seed: int = 0) -> np.ndarray:
-    """Indices of ``n_queries`` queries drawn with a seeded generator, mixing a correct and a wrong
-    top-1: half of them (rounded down) with a wrong top-1, the rest correct, topped up from the other
-    kind when one runs short. Correct ones come first. Same inputs, same seed: same queries."""
+def select_queries(top1_correct: ArrayLike, n_queries: int, seed: int = 0) -> np.ndarray:
+    """Queries to show, mixing a correct and a wrong top-1.
+
+    Half of them (rounded down) have a wrong top-1, the rest a correct one, topped up from the
+    other kind when one runs short; drawn with a seeded generator (same inputs, same seed: same
+    queries).
+
+    Args:
+        top1_correct: (Q,) booleans, whether each query's top-1 neighbour is right.
+        n_queries: how many to pick (at most Q).
+        seed: the generator's seed.
+
+    Returns:
+        int64 indices into the Q queries, the correct ones first.
+    """
     correct = np.asarray(top1_correct, dtype=bool).reshape(-1)
     n = min(int(n_queries), len(correct))
     rng = np.random.default_rng(seed)
@@ -114,45 +163,62 @@ def select_queries(top1_correct, n_queries: int, seed: int = 0) -> np.ndarray:
 # ---- the grid --------------------------------------------------------------------------------
 
 def plot_retrieval_grid(
-    query_images,
-    gallery_images,
-    neighbour_indices,
-    query_labels,
-    gallery_labels,
-    path,
+    query_images: Sequence,
+    gallery_images: Sequence,
+    neighbour_indices: ArrayLike,
+    query_labels: ArrayLike,
+    gallery_labels: ArrayLike,
+    path: Union[str, os.PathLike],
     n_queries: int = 6,
     k: int = 5,
-    query_indices=None,
-    distances=None,
+    query_indices: Optional[ArrayLike] = None,
+    distances: Optional[ArrayLike] = None,
     seed: int = 0,
     mean: Optional[Sequence[float]] = None,
     std: Optional[Sequence[float]] = None,
     cell_inches: float = 1.3,
     dpi: int = 100,
     title: Optional[str] = None,
-):
+) -> dict:
     """Write a PNG of ``n_queries`` queries, one row each: the query (grey frame), then its top-``k``
     gallery images in order, framed green when the neighbour's label equals the query's, red otherwise.
 
     Args:
-        query_images / gallery_images: an N × … array or tensor of images, a sequence of images, or a
-            dataset whose items are ``(image, label)`` (only the shown items are read). Images as in
+        query_images: an N × … array or tensor of images, a sequence of images, or a dataset whose
+            items are ``(image, label)`` (only the shown items are read). Images as in
             :func:`to_display_image`; the dataset's label must then equal the given label (a check
             that embeddings and images are in the same order).
+        gallery_images: the same for the gallery.
         neighbour_indices: (Q × ≥k) gallery indices of each query's neighbours, nearest first (self
             already excluded for self-retrieval, as :class:`~pml_hyperbolic.evaluation.HyperbolicKNN`
             returns them).
-        query_labels / gallery_labels: (Q,) and (G,) labels ((·, K) hierarchical: the finest level).
+        query_labels: (Q,) labels ((Q, K) hierarchical: the finest level).
+        gallery_labels: (G,) labels ((G, K) hierarchical: the finest level).
+        path: where to write the PNG.
+        n_queries: how many query rows (when ``query_indices`` is None).
+        k: neighbours per row.
         query_indices: the rows to show (default: :func:`select_queries` with ``seed``, mixing
             correct and wrong top-1).
         distances: optional (Q × ≥k) distances, printed under each neighbour.
-        mean / std: undo this normalisation before display (e.g. the ImageNet statistics).
+        seed: seed of :func:`select_queries`.
+        mean: per-channel mean to undo before display (e.g. the ImageNet statistics; with ``std``).
+        std: per-channel standard deviation to undo (with ``mean``).
         cell_inches: side of one image cell.
+        dpi: pixels per inch of the PNG.
+        title: replaces the default title; ``""`` = none.
 
     Returns:
         dict with ``query_indices`` (n,), ``neighbour_indices`` (n × k), ``hits`` (n × k bool) and
         ``cell_boxes`` (n × (k + 1) × 4: top, left, bottom, right of each cell in PNG pixels;
         column 0 is the query).
+
+    Raises:
+        ValueError: a non-positive ``n_queries`` / ``k`` / ``dpi`` / ``cell_inches``, neighbour
+            indices of the wrong shape, type or range, fewer than ``k`` neighbours, image and label
+            counts that differ, malformed ``distances`` or ``query_indices``, or a dataset label
+            that differs from the given one.
+
+    Design note: docs/design/plots.md
     """
     import matplotlib
 
@@ -214,7 +280,7 @@ def plot_retrieval_grid(
     height = header_h + n_rows * (cell_inches + text_h) + margin
     fig = plt.figure(figsize=(width, height), dpi=dpi)
     # One axes over the whole figure, in figure-fraction coordinates, holds every cell: an axes per
-    # cell (36 of them for 6 queries x top-5) cost ~15 ms each to build and draw, most of the grid's time
+    # cell (36 for 6 queries x top-5) made building and drawing them most of the grid's time
     canvas = fig.add_axes((0.0, 0.0, 1.0, 1.0))
     canvas.set_xlim(0.0, 1.0)
     canvas.set_ylim(0.0, 1.0)
@@ -265,17 +331,35 @@ def plot_retrieval_grid(
 
 # ---- from embeddings -------------------------------------------------------------------------
 
-def nearest_neighbours(query, gallery, k: int, c=None, exclude=None, metric: str = "cosine",
-                       batch_size: int = 1024):
-    r"""(distances, indices), both (Q × k), of each query's k nearest gallery embeddings.
+def nearest_neighbours(query: ArrayLike, gallery: ArrayLike, k: int, c: Optional[CurvatureLike] = None,
+                       exclude: Optional[ArrayLike] = None, metric: str = "cosine",
+                       batch_size: int = 1024) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""Each query's k nearest gallery embeddings.
 
-    ``c`` given (float, tensor or :class:`~pml_hyperbolic.geometry.PoincareGeometry`): the exact
-    Poincaré distance :math:`d_c` (:class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, the index
-    behind :class:`~pml_hyperbolic.evaluation.HyperbolicKNN`). ``c=None``: ``metric="cosine"``, the
-    cosine distance :math:`1 - \langle q, g\rangle / (\lVert q\rVert \lVert g\rVert)`, or
-    ``metric="euclidean"``, :math:`\lVert q - g\rVert` (PML's default kNN on unnormalised embeddings).
-    ``exclude`` (Q,) gives for each query a gallery index never to return (its own, for
-    self-retrieval; -1 = none)."""
+    With ``c``: the exact Poincaré distance :math:`d_c`
+    (:class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, the index behind
+    :class:`~pml_hyperbolic.evaluation.HyperbolicKNN`). Without: the cosine distance
+    :math:`1 - \langle q, g\rangle / (\lVert q\rVert \lVert g\rVert)` or the Euclidean
+    :math:`\lVert q - g\rVert` (PML's default kNN on unnormalised embeddings).
+
+    Args:
+        query: (Q, D) query embeddings.
+        gallery: (G, D) gallery embeddings.
+        k: neighbours per query, in [1, G] (G − 1 when a query is excluded).
+        c: curvature (float, tensor or :class:`~pml_hyperbolic.geometry.PoincareGeometry`), or
+            None for ``metric``.
+        exclude: (Q,) a gallery index never to return for each query (its own, for
+            self-retrieval; -1 = none).
+        metric: ``"cosine"`` or ``"euclidean"`` (used when ``c`` is None).
+        batch_size: queries per block of the brute-force search.
+
+    Returns:
+        ``(distances, indices)``, both (Q, k), nearest first; distances float32.
+
+    Raises:
+        ValueError: an unknown ``metric``, empty or non-2-D embeddings, differing dimensions,
+            NaN/Inf values, or ``k`` out of range.
+    """
     if metric not in ("cosine", "euclidean"):
         raise ValueError(f"metric must be 'cosine' or 'euclidean' (used when c is None), got {metric!r}")
     q = torch.as_tensor(query).detach().cpu()
@@ -316,31 +400,53 @@ def nearest_neighbours(query, gallery, k: int, c=None, exclude=None, metric: str
 
 
 def plot_retrieval_grid_from_embeddings(
-    query_embeddings,
-    gallery_embeddings,
-    query_labels,
-    gallery_labels,
-    query_images,
-    gallery_images,
-    path,
-    c=None,
+    query_embeddings: ArrayLike,
+    gallery_embeddings: Optional[ArrayLike],
+    query_labels: ArrayLike,
+    gallery_labels: Optional[ArrayLike],
+    query_images: Sequence,
+    gallery_images: Optional[Sequence],
+    path: Union[str, os.PathLike],
+    c: Optional[CurvatureLike] = None,
     n_queries: int = 6,
     k: int = 5,
     seed: int = 0,
     max_candidates: int = 2000,
     metric: str = "cosine",
     **grid_kwargs,
-):
+) -> dict:
     """:func:`plot_retrieval_grid` from embeddings: one call for a training run.
 
-    The neighbours come from :func:`nearest_neighbours`: the Poincaré distance when ``c`` (a float
-    or the run's geometry) is given, else ``metric`` (cosine, or Euclidean as PML's default kNN).
-    ``gallery_embeddings=None`` (with ``gallery_labels`` and ``gallery_images`` None) is
-    self-retrieval among the queries, each query excluded from its own neighbours (the
-    leave-one-out protocol of CUB, Cars and SOP). Only the top-1 of a seeded sample of
+    The neighbours come from :func:`nearest_neighbours`. Only the top-1 of a seeded sample of
     ``max_candidates`` queries is searched (to pick a mix of correct and wrong queries), then the
-    top-``k`` of the shown ones. ``grid_kwargs`` go to :func:`plot_retrieval_grid` (``mean``,
-    ``std``, ``title``, ...). Returns its dict."""
+    top-``k`` of the shown ones, so the cost stays bounded on large test sets.
+
+    Args:
+        query_embeddings: (Q, D) query embeddings.
+        gallery_embeddings: (G, D) gallery embeddings, or None for self-retrieval among the
+            queries, each query excluded from its own neighbours (the leave-one-out protocol of
+            CUB, Cars and SOP).
+        query_labels: (Q,) query labels.
+        gallery_labels: (G,) gallery labels (None for self-retrieval).
+        query_images: the query images, as in :func:`plot_retrieval_grid`.
+        gallery_images: the gallery images (None for self-retrieval).
+        path: where to write the PNG.
+        c: curvature or the run's geometry for the Poincaré distance; None for ``metric``.
+        n_queries: query rows.
+        k: neighbours per row.
+        seed: seed of the candidate sample and of :func:`select_queries`.
+        max_candidates: queries whose top-1 is searched to pick the shown ones.
+        metric: ``"cosine"`` or ``"euclidean"`` (PML's default kNN) when ``c`` is None.
+        **grid_kwargs: passed to :func:`plot_retrieval_grid` (``mean``, ``std``, ``title``, ...).
+
+    Returns:
+        the dict of :func:`plot_retrieval_grid`.
+
+    Raises:
+        ValueError: gallery arguments given in part, label counts that differ from the
+            embeddings, a non-positive ``max_candidates``, or as :func:`nearest_neighbours` /
+            :func:`plot_retrieval_grid`.
+    """
     q = torch.as_tensor(query_embeddings).detach().cpu()
     self_retrieval = gallery_embeddings is None
     if self_retrieval:
