@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 
-def check_positive_number(value, name: str) -> float:
+def check_positive_number(value: float, name: str) -> float:
     """Return ``value`` as a float; ``ValueError`` naming ``name`` unless finite and > 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
@@ -17,7 +17,7 @@ def check_positive_number(value, name: str) -> float:
     return value
 
 
-def check_threshold(value, name: str = "threshold"):
+def check_threshold(value: float | None, name: str = "threshold"):
     """``None`` or a float in (0, 1]; ``ValueError`` naming ``name`` otherwise."""
     if value is None:
         return None
@@ -29,7 +29,7 @@ def check_threshold(value, name: str = "threshold"):
     return value
 
 
-def check_top_k(value, name: str = "top_k"):
+def check_top_k(value: int | None, name: str = "top_k"):
     """``None`` or an int >= 1; ``ValueError`` naming ``name`` otherwise."""
     if value is None:
         return None

@@ -6,55 +6,52 @@ With :math:`a_i = 1 - c\|x_i\|^2`, :math:`b_j = 1 - c\|y_j\|^2`, :math:`s_{ij} =
           D_{ij} = \frac{2}{\sqrt c}\operatorname{arsinh}\sqrt{w_{ij}}
           = \frac{1}{\sqrt c}\operatorname{log1p}\!\big(2w_{ij} + 2\sqrt{w_{ij}(1+w_{ij})}\big).
 
+Why a custom kernel: PML's losses ask for the full N×M matrix at every step; built from
+elementwise torch ops it costs several N×M×D temporaries and an autograd graph of them. Here the
+forward is one matrix product plus one elementwise tail, the backward is two (one when ``x`` is
+``y``), and memory is O(NM + ND).
+
 Forward. :math:`P = 2p\,s` (:math:`W = 2w = P_{ij} q_j`) comes out of ONE matrix product of
 augmented rows :math:`[-4p_i x_i,\; 2p_i\|x_i\|^2,\; 2p_i]\cdot[y_j,\; 1,\; \|y_j\|^2]` with
 :math:`p = c/a`, :math:`q = 1/b` (row norms in float64); the column scale :math:`q_j` is applied in
 the tail, so that the closeness test below is a clean per-row bound. Then
 :math:`S = \sqrt{W + W^2/2} = \sqrt2\sqrt{w(1+w)}` (kept for the backward, only when one comes),
 :math:`u = W + \sqrt2 S` and :math:`D = \operatorname{log1p}(u)/\sqrt c`, with log1p rebuilt from
-``log`` (:func:`_log1p_from_log`), or plain ``log(1 + u)`` in row blocks where every u > 1. aten's
-``log1p_`` on torch 2.14.1 (MKL, this CPU) runs 7 ms at 900² in a fresh process but 0.7 ms once
-any large float ``pow`` has run: its speed depends on process state, the log-based form's
-(~1.8 ms, within 2 ulp) does not (``python bench/distance.py --log1p`` measures both states). The
-elementwise tail runs in row blocks of ``_TAIL_BLOCK_ELEMENTS`` so that its passes stay in
-cache, and writes D into the product's own buffer. Where it can (contiguous CPU float32/float64
-and a C compiler, :mod:`pml_hyperbolic._native`) the whole tail is instead ONE fused native pass
-with its own vectorised log1p (within an ulp): 0.6 against 2.1 ms at 900² (1 thread). Every point
-at the origin: D = 0 directly (aten's ``sqrt`` is 5× slower on zeros).
+``log`` (:func:`_log1p_from_log`, whose speed does not depend on the process state as aten's
+``log1p_`` does), or plain ``log(1 + u)`` in row blocks where every u > 1. The elementwise tail
+runs in row blocks of ``_TAIL_BLOCK_ELEMENTS`` so that its passes stay in cache, and writes D into
+the product's own buffer. Where it can (contiguous CPU float32/float64 and a C compiler,
+:mod:`pml_hyperbolic._native`) the whole tail is instead ONE fused native pass with its own
+vectorised log1p (within an ulp). Every point at the origin: D = 0 directly.
 
 Symmetric forward (x is y on CPU, the call of PML's losses: ``compute_mat(emb, emb)``): the
 matrix is symmetric, so :func:`_symmetric_forward` computes the Gram product x xᵀ only on and
-above the diagonal (row blocks written straight into the output: 0.72–0.92× a full GEMM, 1 thread,
-``python bench/distance.py --symmetric-parts``) and the native symmetric tail evaluates each unordered pair
-once and mirrors it (16 × 16 register transposes; S, kept for the backward, only above the
-diagonal); the backward's weights E + Eᵀ = (U + Uᵀ)/S then
-come from one native pass (S is exactly symmetric), not a division and a tiled transposed copy.
-Same closeness test, same explicit recomputation of close pairs; any case it does not cover
-(no native library, extreme points, GPU, a collapsed float32 batch) takes the general path below.
-``PML_HYPERBOLIC_SYMMETRIC=0`` turns it off; ``python bench/distance.py --radial
---symmetric-vs-general`` times both paths in one run (bench/README.md has the figures).
+above the diagonal (row blocks written straight into the output) and the native symmetric tail
+evaluates each unordered pair once and mirrors it (S, kept for the backward, only above the
+diagonal); the backward's weights E + Eᵀ = (U + Uᵀ)/S then come from one native pass (S is exactly
+symmetric). Same closeness test, same explicit recomputation of close pairs; any case it does not
+cover (no native library, extreme points, GPU, a collapsed float32 batch) takes the general path.
+``PML_HYPERBOLIC_SYMMETRIC=0`` turns it off.
 
-A Gram product loses the small differences of nearby points: its absolute error on :math:`w_{ij}`
-is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose :math:`P` is below
-that error scaled by ``1/_TARGET_REL_ERROR``, i.e. :math:`\|x_i - y_j\|^2 < f(\|x_i\|^2 + \|y_j\|^2)`
-(:math:`f \approx 0.07` in float32), are recomputed from explicit differences :math:`x_i - y_j`. The
-test is per pair: a per-row bound over the :math:`j` that can be close to :math:`i` at all
-(:math:`\|y_j\|/\|x_i\|` within a band, by the triangle inequality) first keeps the per-pair compare
-to the few rows that can have a close pair (the former per-row bound, a maximum over all
-:math:`j` of :math:`q_j(\|x_i\|^2 + \|y_j\|^2)`, flagged ~6% of all pairs as close when radii spread
-down to the origin and ~44% near the boundary: 2-10× slower, though hardly any pair was). In float32, if more than 1/16 of all pairs are
-really close (a collapsed batch), the whole product is redone in float64 instead, which needs the
-fix only for near-duplicates. Two points both exactly at the origin give :math:`W = 0` exactly
-(their bound is 0, no pair is "close"); points with :math:`0 < \|x\|^2` below ``_TINY_SQ_NORM``
-(where float32 products underflow) are handled like extreme points. When ``x`` is ``y`` the
-diagonal is set to exactly 0. Memory is O(NM + ND); no N×M×D tensor is built.
+Close pairs. A Gram product loses the small differences of nearby points: its absolute error on
+:math:`w_{ij}` is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose
+:math:`P` is below that error scaled by ``1/_TARGET_REL_ERROR``, i.e.
+:math:`\|x_i - y_j\|^2 < f(\|x_i\|^2 + \|y_j\|^2)` (:math:`f \approx 0.07` in float32), are
+recomputed from explicit differences :math:`x_i - y_j`. The test is per pair; a per-row bound over
+the :math:`j` that can be close to :math:`i` at all (:math:`\|y_j\|/\|x_i\|` within a band, by the
+triangle inequality) first keeps the per-pair compare to the few rows that can have a close pair.
+In float32, if more than 1/16 of all pairs are really close (a collapsed batch), the whole product
+is redone in float64 instead, which needs the fix only for near-duplicates. Two points both
+exactly at the origin give :math:`W = 0` exactly; points with :math:`0 < \|x\|^2` below
+``_TINY_SQ_NORM`` (where float32 products underflow) are handled like extreme points. When ``x``
+is ``y`` the diagonal is set to exactly 0.
 
 Extreme points. :math:`1 - c\|x\|^2` is floored at ``DENOM_FLOOR`` = 2⁻⁶⁰ (only points on or
 outside the boundary reach it). Points with :math:`1 - c\|x\|^2` below ``_EXTREME_A`` (nearer the
 boundary than ``project`` puts anything) enter the product with weight 0 and stay out of the
-error bound (one such point used to inflate every row's bound to inf and NaN the close-pair
-search, corrupting valid pairs); all their pairs are computed explicitly, in float64. Their
-gradient treats a floored denominator as the constant it is (as ``dist`` does).
+error bound (one such point would otherwise inflate every row's bound to inf and corrupt valid
+pairs); all their pairs are computed explicitly, in float64. Their gradient treats a floored
+denominator as the constant it is (as ``dist`` does).
 
 Second order. The closed-form backward below is not itself differentiable; a backward run with
 ``create_graph=True`` instead differentiates :func:`_composite_dist` (plain float64 ops, same
@@ -80,6 +77,8 @@ added back sparsely in bounded explicit form: :math:`2U_{ij}\,(x_i - y_j)/(\|x_i
 
 .. math:: \frac{\partial D_{ij}}{\partial c} = -\frac{D_{ij}}{2c} + \frac{1}{\sqrt c}
           \sqrt{\frac{w_{ij}}{1+w_{ij}}}\Big(\frac1c + \frac{\|x_i\|^2}{a_i} + \frac{\|y_j\|^2}{b_j}\Big).
+
+Design note: docs/design/kernels.md
 """
 from __future__ import annotations
 
@@ -115,7 +114,7 @@ _EXTREME_A = {torch.float32: 1e-5, torch.float64: 1e-10}
 # their products underflow in the Gram matrix. Exact zeros stay in it (their W is exactly 0).
 _TINY_SQ_NORM = {torch.float32: 1e-30, torch.float64: 1e-290}
 # The elementwise tail runs in row blocks of about this many elements (1 MB of float32 per
-# temporary): measured 2.3× faster than whole-matrix passes at 4096², equal at 900².
+# temporary), so that each block's passes stay in cache.
 _TAIL_BLOCK_ELEMENTS = 1 << 18
 # Row blocks whose smallest W = 2w is at least this (u = W + √(2W + W²) > 1) need no log1p.
 _PLAIN_LOG_MIN_W = 0.3
@@ -143,8 +142,8 @@ def _row_terms(x: Tensor, c: float):
 def _augmented(x: Tensor, x2: Tensor, scale: Tensor, dtype: torch.dtype, pad: bool = False) -> Tensor:
     """Rows ``[scale·x, scale, scale·‖x‖²]`` in ``dtype`` (the right factor of the backward products).
 
-    ``pad`` appends zero columns up to a multiple of 8: MKL's ``E @ A`` with 130 columns measured
-    1.3× slower than with 136 at 4096 × 4096."""
+    ``pad`` appends zero columns up to a multiple of 8 (MKL's products are faster on widths that
+    are a multiple of the vector length)."""
     n, dim = x.shape
     width = -(-(dim + 2) // 8) * 8 if pad else dim + 2
     out = torch.empty(n, width, dtype=dtype, device=x.device)
@@ -294,7 +293,7 @@ def _log1p_from_log(u: Tensor, v: Tensor, t: Tensor) -> Tensor:
     ``v − 1`` and ``u − (v − 1)`` are exact in floating point (Sterbenz), so ``e`` is the exact
     rounding error of ``1 + u`` and the result is accurate to a few ulps for every u ≥ 0, also
     u < eps (v = 1, e = u). Five passes, one transcendental; unlike aten's ``log1p_`` its speed does
-    not depend on the process state (``bench/distance.py --log1p``)."""
+    not depend on the process state."""
     torch.add(u, 1.0, out=v)
     torch.sub(v, 1.0, out=t)
     u.sub_(t)  # e
@@ -303,9 +302,8 @@ def _log1p_from_log(u: Tensor, v: Tensor, t: Tensor) -> Tensor:
 
 
 # One N×M scratch buffer (the S/E of the last backward) is kept per process on CPU and reused as
-# the next call's S: a fresh N×M allocation comes with fresh pages, and faulting them in measured
-# ~1.5 ms at 900² (~15% of a CosineSimilarity forward+backward, 1 thread) and ~30 ms at 4096².
-# The cost: that one buffer stays allocated between calls (3.2 MB at 900², 64 MB at 4096²).
+# the next call's S: a fresh N×M allocation comes with fresh pages to fault in. The cost: that one
+# buffer stays allocated between calls (3.2 MB at 900², 64 MB at 4096², float32).
 # (CUDA's caching allocator already reuses memory: not used there.)
 _SCRATCH = SpareBuffers(capacity=1)
 
@@ -369,8 +367,8 @@ def _distance_tail(P: Tensor, c: float, col_scale: Tensor, row_min: Tensor | Non
 def _symmetrize_(E: Tensor, tile: int = 512) -> Tensor:
     """E ← E + Eᵀ in place (square E), by pairs of tiles: each tile is copied out, transposed by
     aten's blocked transpose copy (a transposed contiguous source) and added back, through two
-    reused tile buffers (no N×N temporary). ``torch.add(E, E.T)`` reads Eᵀ with a cache-hostile
-    stride: 160 ms at 4096² against 24 ms here (1 thread)."""
+    reused tile buffers (no N×N temporary). Why: ``torch.add(E, E.T)`` reads Eᵀ with a
+    cache-hostile stride."""
     n = E.shape[0]
     copy_buf = E.new_empty(min(n, tile) ** 2)
     transposed_buf = E.new_empty(min(n, tile) ** 2)
@@ -428,25 +426,19 @@ def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor,
 
 
 def symmetric_enabled() -> bool:
-    """False when ``PML_HYPERBOLIC_SYMMETRIC=0``: x is y then takes the general path too
-    (``bench/distance.py --symmetric-vs-general`` times both in one run)."""
+    """False when ``PML_HYPERBOLIC_SYMMETRIC=0``: x is y then takes the general path too."""
     return _native.switched_on("PML_HYPERBOLIC_SYMMETRIC")
 
 
 def _symmetric_block_rows(n: int, threads: int) -> int:
     """Rows per block of the triangular Gram product: each block of rows i0:i1 multiplies only the
     columns i0: (the part on and above the diagonal), about half the flops of one full product. A
-    multiple of the native tail's band height (16). ``python bench/distance.py --symmetric-parts``
-    (1 thread, idle; ``bench/results/kernel_mirror_stop22.txt``) times the product at 0.76× a full
-    GEMM with these 128-row blocks at 900² (0.70× with 160) and 0.73× at 4096² (384 rows), and product +
-    tail per block at 1.28× (128) against 1.23× (160). 128 stays: another height can round the products
-    differently in the last bits (MKL's result for a row block depends on the block's height for some
-    inputs), and the tables and the main job would have to be rerun for a few hundredths.
+    multiple of the native tail's band height (16): 128 to 384 rows on one thread. The height is
+    part of the result: MKL's product for a row block can round differently in the last bits for
+    another height, so changing it changes the numbers a seeded run prints.
 
     With several threads only three blocks (67% of a full product's flops): each product is a
-    parallel region whose barrier waits for a descheduled thread when the machine turns busy
-    (bench/under_load.py: with ~11 blocks at 4,096² the 2-thread wall reached 1.3-1.7× the
-    1-thread wall beside two other jobs)."""
+    parallel region whose barrier waits for a descheduled thread when the machine turns busy."""
     if threads > 1:
         return (-(-n // 3) // 16 + 1) * 16
     return min(max(128, (n // 8) // 16 * 16), 384)
@@ -519,9 +511,8 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     terms = None
     if same and x.device.type == "cpu" and x.shape[0] >= 2:
         # x is y on CPU (PML's compute_mat(emb, emb)): the row terms, the tail's row vectors and
-        # the two checks below in one native pass, then the symmetric forward (about ten small
-        # torch ops before; with the two contexts of forward() trimmed, the 900² forward went from
-        # 1.59-1.64x to 1.43-1.55x a GEMM: bench/results/kernel_mirror_stop22.txt)
+        # the two checks below in one native pass (instead of about ten small torch ops), then the
+        # symmetric forward
         terms = _native.row_terms(x, cf, DENOM_FLOOR, extreme=(1.0 / _EXTREME_A[dtype], _TINY_SQ_NORM[dtype]))
         if terms is not None:
             x2, inv_a, row_vectors, any_nonzero, any_extreme = terms
@@ -538,7 +529,7 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
         return empty, empty, no_pairs, no_pairs, x2.new_zeros(0), x2, inv_a, y2, inv_b, False, False
     if not (bool((x2 != 0).any()) or bool((y2 != 0).any())):  # (NaN != 0: NaN input is not 'at the origin')
         # every point at the origin: D = 0 and, with the zero subgradient at x_i = y_j, so is
-        # every gradient (also a fast path: aten's sqrt is 5× slower on zeros)
+        # every gradient (also a fast path: aten's sqrt is slow on zeros)
         zeros = x.new_zeros(x.shape[0], y.shape[0])
         no_pairs = torch.zeros(0, dtype=torch.long, device=x.device)
         return zeros, None, no_pairs, no_pairs, x2.new_zeros(0), x2, inv_a, y2, inv_b, True, False
@@ -588,8 +579,7 @@ def _sum_of_products(a: Tensor, b: Tensor, rows: int = 128) -> Tensor:
 def _kernel_threads(x: Tensor):
     """The CPU threads of one kernel call: the cores no other process holds right now. The row-
     blocked tail is a loop of mid-sized parallel ops; on a busy machine each op's barrier would wait
-    for a descheduled thread (measured: 2 threads 3.1× the 1-thread wall time under load,
-    ``bench/under_load.py``). Nothing to limit on one thread (the context costs a few µs per call)."""
+    for a descheduled thread (see :mod:`pml_hyperbolic.threads`). Nothing to limit on one thread."""
     if x.device.type != "cpu" or torch.get_num_threads() <= 1:
         return contextlib.nullcontext()
     return limited_threads(uncontended_threads())
@@ -710,7 +700,7 @@ class PoincarePairwiseDist(torch.autograd.Function):
             row_F = col_F = None
             if combined:
                 # x is y: ∇ = ∇_x + ∇_y = (E + E^T) A (weights 1/a = 1/b), E + E^T formed in place
-                # by tiles (one product instead of E A + E^T A: 4096², 24 ms against 55 ms)
+                # by tiles (one product instead of E A + E^T A)
                 A = _augmented(x, x2, inv_a, dtype, pad=True)
                 Z = (E if symmetric else _symmetrize_(E)) @ A
                 both_F = _SQRT2 * _folded_F(Z, x, x2d, p)

@@ -1,12 +1,12 @@
 """Large CPU buffers kept between calls and handed out again.
 
 torch's CPU allocator returns large blocks to the OS when they are freed, so a fresh buffer of a few
-MB or more comes with fresh pages, and faulting them in is a measurable part of a hot loop (the
-kernel's N×M scratch: ~1.5 ms at 900², ~30 ms at 4096²; HIER's two 50 MB (3, T, P) gradient
-buffers per step: 6.44× → 5.49× SupCon's time, ``python bench/losses.py --no-miners --threads 1``
-at 7a610fd and be010eb). A :class:`SpareBuffers` keeps up to ``capacity`` such buffers for the next
-call of the same shape and dtype. CUDA's caching allocator already reuses memory: only CPU tensors
-are kept.
+MB or more comes with fresh pages, and faulting them in is a noticeable part of a hot loop (the
+distance kernel's N×M scratch, HIER's gradient buffers). A :class:`SpareBuffers` keeps up to
+``capacity`` such buffers for the next call of the same shape and dtype. CUDA's caching allocator
+already reuses memory: only CPU tensors are kept.
+
+Design note: docs/design/kernels.md
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class SpareBuffers:
         self._spares: list = []
         self._lock = threading.Lock()  # (two threads never get the same buffer)
 
-    def take(self, shape, like: Tensor) -> Tensor:
+    def take(self, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
         """An uninitialised tensor of ``shape`` with ``like``'s dtype and device: a kept one when
         one fits, else new. A miss while the pool is full frees its oldest buffer now (the new one
         will replace it when given back), so memory does not grow by one buffer per shape change."""

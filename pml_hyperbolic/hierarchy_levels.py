@@ -12,6 +12,8 @@ Eq. 4–5) makes more similar pairs closer for Ω > 1. The losses (``Hierarchica
 ``HierarchicalMarginLoss``) and the miner (``HierarchicalSimilarityMiner``) all use
 :func:`first_shared_level` / :func:`pairwise_first_shared_level` from this module (below both
 losses and miners), so they agree by construction.
+
+Design note: docs/design/miners.md
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from torch import Tensor
 __all__ = ["as_hierarchical_labels", "first_shared_level", "pairwise_first_shared_level"]
 
 
-def as_hierarchical_labels(labels, name: str = "labels", n: int | None = None) -> Tensor:
+def as_hierarchical_labels(labels: Tensor, name: str = "labels", n: int | None = None) -> Tensor:
     """(N,) or (N, K) integer labels as an (N, K) tensor (a view of 1-D labels as K = 1).
 
     Raises ``ValueError`` naming ``name`` for missing labels, a float / complex / bool dtype, 0-d or

@@ -26,6 +26,8 @@ consumer was given, or shares its hypll ``Curvature``) is accepted without evalu
 otherwise both curvatures are evaluated (one device-to-host read) and must agree to a relative
 1e-6. Remember that hypll's ``Curvature(1.0)`` means c = softplus(1) ≈ 1.313 (the error message
 says so when that explains a mismatch); ``PoincareGeometry(c=1.0)`` means c = 1.
+
+Design note: docs/design/geometry.md
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ __all__ = [
 _RTOL = 1e-6
 
 
-def is_manifold_tensor(x) -> bool:
+def is_manifold_tensor(x: object) -> bool:
     """True for a hypll ``ManifoldTensor`` (or ``TangentTensor``), which torch code cannot read."""
     return isinstance(x, (ManifoldTensor, TangentTensor))
 
@@ -89,7 +91,8 @@ def _check_curvature(manifold: PoincareBall, c, consumer: str) -> None:
     )
 
 
-def unwrap_ball_tensor(x, c=None, consumer: str = "the consumer"):
+def unwrap_ball_tensor(x: Tensor | ManifoldTensor, c: float | Tensor | torch.nn.Module | None = None,
+                       consumer: str = "the consumer"):
     """Plain tensor of ball points from ``x``.
 
     Args:
@@ -130,7 +133,7 @@ def unwrap_ball_tensor(x, c=None, consumer: str = "the consumer"):
     return x.tensor
 
 
-def to_manifold_tensor(x, geometry: PoincareBall) -> ManifoldTensor:
+def to_manifold_tensor(x: Tensor, geometry: PoincareBall) -> ManifoldTensor:
     """Wrap ball points ``x`` (…, D) in a hypll ``ManifoldTensor`` on ``geometry`` (``man_dim=-1``).
 
     ``geometry`` must be a hypll ``PoincareBall`` (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`

@@ -20,6 +20,8 @@ Points on or outside the ball are projected by :func:`project` in the public cla
 themselves floor 1 − c‖x‖² at 2⁻⁶⁰ (``DENOM_FLOOR``; in float64 it acts exactly on points on or
 outside the boundary): such a point gets large finite distances, never NaN or negative, and it
 does not change any other pair (:func:`pairwise_dist` computes its pairs separately).
+
+Design note: docs/design/geometry.md
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ def _upcast(x: Tensor) -> Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
+def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> Tensor:
     """Return the positive curvature magnitude c as a 0-d tensor of ``dtype``.
 
     Accepts a Python number, a 0-d (or one-element) tensor, a hypll ``Curvature`` (evaluated
@@ -125,9 +128,17 @@ def as_curvature(c: CurvatureLike, dtype=torch.float32, device=None) -> Tensor:
 def check_finite(x: Tensor, name: str = "embeddings") -> None:
     """Raise ``ValueError`` if ``x`` holds NaN or Inf (a silent NaN loss is worse than an error).
 
-    By the extremes: min and max propagate NaN and are ±inf when any entry is, so one fused
-    reduction answers, where ``isfinite(x).all()`` writes a boolean tensor of x's size first (part of
-    stop 24's kNN gain, ``bench/results/knn_cars_stop24.txt``; every loss calls this)."""
+    By the extremes: min and max propagate NaN and are infinite when any entry is, so one fused
+    reduction answers, where ``isfinite(x).all()`` writes a boolean tensor of x's size first (every
+    loss and the kNN search call this).
+
+    Args:
+        x: any tensor.
+        name: what ``x`` is, for the message.
+
+    Raises:
+        ValueError: ``x`` holds a NaN or an infinity.
+    """
     if x.numel() == 0:
         return
     try:

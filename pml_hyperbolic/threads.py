@@ -4,13 +4,12 @@ and a default for the recipes and benches.
 Why: torch's CPU ops split their work over OpenMP threads and end in a barrier. When the machine
 is busier than it has cores, the barrier waits for a thread the OS has not scheduled, so a loop of
 many small parallel ops can be several times *slower* with 2 threads than with 1 (and burns CPU
-in spin-waits that slows everyone else). Measured on a 2-core machine under one busy process
-per core, 2 threads never beat 1 on an elementwise op of any size tried, 2^14 to 2^24 elements
-(wall ratios 1.06 to 7.6, erratic), and whole hot paths (``gromov_delta``, the pseudo-labeller)
-were 1.4-5× slower (``bench/under_load.py``): once the cores are taken, no work-per-op threshold
-makes 2 threads pay. So hot paths made of loops run under
-``limited_threads(uncontended_threads())``: the caller's count on an idle machine, 1 thread when
-the cores are busy. ``default_threads()`` is a sane starting count for a whole process.
+in spin-waits that slow everyone else); once the cores are taken, no work-per-op threshold makes
+more threads pay. So hot paths made of loops run under ``limited_threads(uncontended_threads())``:
+the caller's count on an idle machine, 1 thread when the cores are busy. ``default_threads()`` is
+a sane starting count for a whole process.
+
+Design note: docs/design/kernels.md
 """
 from __future__ import annotations
 
@@ -126,11 +125,21 @@ def uncontended_threads(requested: int | None = None, cores: int | None = None) 
     ``requested`` defaults to torch's current count. That count on an idle machine; fewer, down
     to 1, when other processes already occupy the cores (there a barrier would wait for a
     descheduled thread). "Runnable elsewhere" is the most seen in the last 0.25 s by one reading of
-    :func:`runnable_elsewhere` per call at most every 0.05 s: a fresh look of three readings 2 ms
-    apart slept 4 ms, and under load a process that sleeps waits for a core to wake up, so the
-    calls that looked read slower in wall time than the same work on one thread (``python
-    bench/under_load.py --cases pairwise``: ``bench/results/under_load_stop22.txt``). Where the OS
-    gives no run-queue figure, ``requested`` is returned."""
+    :func:`runnable_elsewhere` per call at most every 0.05 s. Why not a fresh look of several
+    readings per call: their sleeps cost more than the thread choice saves, since under load a
+    process that sleeps waits for a core to wake up. Where the OS gives no run-queue figure,
+    ``requested`` is returned.
+
+    Args:
+        requested: the upper bound (>= 1); ``None``: torch's current count.
+        cores: the usable cores (>= 1); ``None``: :func:`usable_cores`.
+
+    Returns:
+        The thread count, between 1 and ``requested``.
+
+    Raises:
+        ValueError: ``requested`` or ``cores`` is not an integer >= 1.
+    """
     requested = torch.get_num_threads() if requested is None else _check_count(requested, "requested")
     cores = usable_cores() if cores is None else _check_count(cores, "cores")
     if requested <= 1:
@@ -184,11 +193,21 @@ def run_threads(cores: int | None = None) -> int:
     .. math:: \min\big(\text{default\_threads}(),\ \max(1,\ \text{cores} - \text{runnable elsewhere now})\big)
 
     The 1-minute load average (:func:`default_threads`) remembers a competitor that just paused; the
-    run queue (:func:`runnable_elsewhere`) sees one that started a second ago. Why both: beside one
-    busy process on a 2-core machine, PyTorch's default of a thread per core made the main job 10x
-    slower (202 s instead of 20.6 s wall, bench/README.md: every small op's barrier waits for a
-    descheduled thread), while one thread loses at most half the speed on an idle machine. ``PML_HYPERBOLIC_THREADS``
-    overrides the policy, as in :func:`default_threads`."""
+    run queue (:func:`runnable_elsewhere`) sees one that started a second ago. Why both: beside a
+    busy process, a thread per core makes every small op's barrier wait for a descheduled thread,
+    which costs far more than the at most half the speed that one thread loses on an idle machine.
+    ``PML_HYPERBOLIC_THREADS`` overrides the policy, as in :func:`default_threads`.
+
+    Args:
+        cores: the usable cores (>= 1); ``None``: :func:`usable_cores`.
+
+    Returns:
+        A thread count >= 1.
+
+    Raises:
+        ValueError: ``cores`` is not an integer >= 1, or ``PML_HYPERBOLIC_THREADS`` is not an
+            integer >= 1.
+    """
     env = os.environ.get("PML_HYPERBOLIC_THREADS")
     if env is not None and env.strip():
         return default_threads()

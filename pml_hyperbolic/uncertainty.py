@@ -8,18 +8,14 @@ point, so :math:`U < 0` and the losses' :math:`\log(U / \max U + 1)` is NaN or r
 
 :func:`hyperbolic_uncertainty` therefore offers several normalisations (``mode``):
 
-* ``"clip"`` (**the default**, for its soundness: in [0, 1] and batch-independent. The experiment
-  ``bench/uncertainty_modes.py``, recorded in ``bench/README.md``, does not separate the modes:
-  on held-out digits every mode is within seed noise of the others and of the fixed-τ / fixed-margin
-  baselines):
+* ``"clip"`` (**the default**: in [0, 1] and batch-independent):
   :math:`U = \operatorname{clamp}(1 - d_c(x, 0) / (2 r), 0, 1)`. For points produced by
   ``ToPoincare`` (clip then ``expmap0``), :math:`d_c(x, 0) = 2\|v\|` with :math:`\|v\| \le r` the
   clipped tangent norm, so :math:`U = 1 - \|v\|/r \in [0, 1]`: 1 at the origin, 0 at the clip radius.
-  Batch-independent, so it is also the right quantity for analysis (the recall-per-uncertainty
-  tables). Values within 64 ulp of 0 are snapped to 0 (rounding of points at the clip radius).
-  Caveat measured in the bundled recipe: a Linear head on pretrained features mostly outputs
-  norms above r, so nearly every embedding sits at the clip radius and U = 0 for all of them; the
-  losses then use the same factor log 2 for every anchor (see :func:`uncertainty_ratio_log`).
+  Batch-independent, so it is also the right quantity for analysis (recall per uncertainty).
+  Values within 64 ulp of 0 are snapped to 0 (rounding of points at the clip radius). A head
+  whose outputs all sit at the clip radius gives U = 0 for every embedding; the losses then use
+  the same factor log 2 for every anchor (see :func:`uncertainty_ratio_log`).
 * ``"ball"``: :math:`U = 1 - \sqrt{c}\,\|x\|` (the Euclidean fraction of the ball's radius still free),
   in (0, 1]; needs no clip radius but compresses clipped points into [1 − tanh(√c r), 1].
 * ``"batch"``: min–max within the batch, :math:`U = (\max_B d - d)/(\max_B d - \min_B d)`
@@ -30,6 +26,8 @@ point, so :math:`U < 0` and the losses' :math:`\log(U / \max U + 1)` is NaN or r
   :func:`uncertainty_ratio_log`).
 
 Larger U always means more uncertain (nearer the origin).
+
+Design note: docs/design/uncertainty.md
 """
 from __future__ import annotations
 
@@ -52,7 +50,9 @@ def _check_mode(mode):
     return mode
 
 
-def hyperbolic_uncertainty(embeddings: torch.Tensor, c=0.1, mode=None, clip_r=None, detach=True) -> torch.Tensor:
+def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | torch.nn.Module = 0.1,
+                           mode: str | None = None, clip_r: float | None = None,
+                           detach: bool = True) -> torch.Tensor:
     r"""Per-embedding uncertainty (N,) from the distance to the origin of the ball of curvature −c.
 
     Args:

@@ -1,26 +1,19 @@
 """bench/gpu_step.py on CPU at toy sizes (1 thread): the plumbing of the GPU step benchmark, the
 paper settings it resolves, and its one error when CUDA is asked for but absent."""
-import importlib.util
 import json
 import math
-import os
 import re
 import sys
 
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench", "gpu_step.py")
-
 
 @pytest.fixture(scope="module")
 def gpu_step():
-    spec = importlib.util.spec_from_file_location("_test_bench_gpu_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    from bench import gpu_step as module
+
+    return module
 
 
 @pytest.fixture

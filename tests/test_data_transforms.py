@@ -91,10 +91,10 @@ def test_glyph_train_never_flips_and_pads_with_white_paper():
         torch.testing.assert_close(pipeline(blank), white, rtol=0, atol=1e-5)
 
 
-# ---- the greyscale glyph pipeline (issue 16): same tensors as torchvision's, bit for bit --------
+# ---- the greyscale glyph pipeline: same tensors as torchvision's, bit for bit --------
 
 def torchvision_glyph_pipeline(train, image_size=48):
-    """The glyph pipeline as it was before issue 16: RGB first, torchvision's ToTensor + Normalize."""
+    """The glyph pipeline as it was in 0.1.0: RGB first, torchvision's ToTensor + Normalize."""
     steps = [T.Resize((image_size, image_size), interpolation=T.InterpolationMode.BICUBIC)]
     if train:
         steps.insert(0, T.RandomAffine(degrees=8.0, translate=(0.08, 0.08), scale=(0.85, 1.1), shear=6,

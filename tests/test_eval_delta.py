@@ -164,7 +164,7 @@ def test_coincident_points_are_an_error_not_a_curvature():
 
 
 def test_tiles_and_threads_do_not_change_delta(monkeypatch):
-    """The 16 x 16 default tiles and the load-aware thread count (issue 16) give exactly the value
+    """The 16 x 16 default tiles and the load-aware thread count give exactly the value
     of the former 16 x 64 tiles, which was 1.9016457764770043 on this set (float64) and
     1.9016457796096802 (float32) before the change."""
     import pml_hyperbolic.evaluation.delta_hyperbolicity as dh

@@ -1,5 +1,4 @@
-"""The tester's frozen-trunk feature cache, the CPU trunk chunking and the evaluation progress lines
-(issue 16 item 3, issue 15 item 2)."""
+"""The tester's frozen-trunk feature cache, the CPU trunk chunking and the evaluation progress lines."""
 import pytest
 import torch
 

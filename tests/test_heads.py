@@ -1,4 +1,4 @@
-"""ToPoincare / HyperbolicEmbeddingHead / SphericalEmbeddingHead (issue 2 §4)."""
+"""ToPoincare / HyperbolicEmbeddingHead / SphericalEmbeddingHead."""
 import math
 
 import pytest
@@ -130,3 +130,36 @@ def test_gradients_finite_at_zero_features():
     x = torch.zeros(3, 4, requires_grad=True)
     ToPoincare(c=0.1)(x).sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+# ---- readable signatures ---------------------------------------------------------------------
+def _help_text(obj) -> str:
+    import io
+    import pydoc
+
+    out = io.StringIO()
+    pydoc.Helper(output=out).help(obj)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("cls", [ToPoincare, HyperbolicEmbeddingHead])
+def test_help_shows_the_unset_default_readably(cls):
+    text = _help_text(cls)
+    assert "object at 0x" not in text
+    assert "clip_r: 'float | None | _Unset' = <unset>" in text
+
+
+def test_unset_sentinel_is_one_picklable_object():
+    import copy
+    import pickle
+
+    from pml_hyperbolic.heads.to_poincare import _UNSET, _Unset
+
+    assert repr(_UNSET) == "<unset>"
+    assert _Unset() is _UNSET
+    assert pickle.loads(pickle.dumps(_UNSET)) is _UNSET
+    assert copy.copy(_UNSET) is _UNSET and copy.deepcopy(_UNSET) is _UNSET
+    # a head built with every default still resolves the unset arguments to the package defaults
+    head = ToPoincare()
+    assert head.clip_r == pytest.approx(2.3) and head.geometry.clip == "hard"
+    assert not head.geometry.learnable_c

@@ -1,4 +1,4 @@
-"""hypll interoperability: ManifoldTensors in the distance, losses, miners and head; the README example."""
+"""hypll interoperability: ManifoldTensors in the distance, losses, miners and head; the docs example."""
 import math
 
 import pytest
@@ -28,7 +28,7 @@ from pml_hyperbolic.geometry import PoincareGeometry
 from pml_hyperbolic.losses import HIERLoss
 from pml_hyperbolic.miners import HierarchicalPseudoLabeler
 
-# The README's "hypll networks" example, verbatim: keep the README block identical to this string.
+# The "hypll networks" example of docs/plug-into-pml.md, verbatim: keep the block identical to this string.
 README_EXAMPLE = '''\
 import torch
 from hypll.manifolds.euclidean import Euclidean
@@ -267,7 +267,7 @@ def test_head_returns_manifold_tensor_on_its_geometry(geometry):
     assert torch.isfinite(loss(head(f), torch.tensor([0, 0, 1, 1, 2])))
 
 
-# ---- README ----------------------------------------------------------------------------------
+# ---- docs ----------------------------------------------------------------------------------
 def test_readme_example_trains_a_hypll_network(capsys):
     namespace = {}
     exec(compile(README_EXAMPLE, "README_EXAMPLE", "exec"), namespace)
@@ -283,7 +283,7 @@ def test_readme_example_trains_a_hypll_network(capsys):
 def test_readme_hypll_example_is_the_tested_code():
     import os
 
-    readme = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+    readme = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "plug-into-pml.md")
     with open(readme, encoding="utf-8") as fh:
         text = fh.read()
     block = text.split("## hypll networks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

@@ -1,4 +1,4 @@
-"""The pairwise-distance kernel on radial distributions (issue 16): points near the origin, all at
+"""The pairwise-distance kernel on radial distributions: points near the origin, all at
 the origin, near the boundary. The cliff near the origin came from a per-row closeness bound that
 flagged ~6% of all pairs as "close" (explicit recomputation or a float64 redo) when radii spread
 down to the origin; these tests pin the per-pair test, the accuracy there, and the gradients."""

@@ -223,7 +223,7 @@ def test_sixty_thousand_points():
 
 
 def test_thread_count_follows_the_load_and_labels_do_not_depend_on_it(monkeypatch):
-    """Issue 16: the clustering runs with uncontended_threads() (1 on a busy machine), 1 thread up
+    """The clustering runs with uncontended_threads() (1 on a busy machine), 1 thread up
     to 1,024 points, and restores the caller's count; the labels are the same either way."""
     import pml_hyperbolic.miners.hierarchical_pseudo_labeler as hpl
 

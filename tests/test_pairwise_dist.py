@@ -1,4 +1,4 @@
-"""Accuracy, gradient, fallback and memory tests of the fused pairwise_dist kernel (issue 2 §2)."""
+"""Accuracy, gradient, fallback and memory tests of the fused pairwise_dist kernel."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""PoincareDistance inside PML losses, miners and CrossBatchMemory (issue 2 §3)."""
+"""PoincareDistance inside PML losses, miners and CrossBatchMemory."""
 import itertools
 import math
 

@@ -1,4 +1,4 @@
-"""Property, dtype and bad-input tests of the Poincaré-ball math (issue 2 §2, §5)."""
+"""Property, dtype and bad-input tests of the Poincaré-ball math."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""PoincareDistance as a PML BaseDistance (issue 2 §3)."""
+"""PoincareDistance as a PML BaseDistance."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Radius terms of issue 13: RadialCalibrationLoss, DegradedCopyRadiusLoss, RandomDegradation,
+"""Radius terms: RadialCalibrationLoss, DegradedCopyRadiusLoss, RandomDegradation,
 DegradedCopyTrainer and the recipes' --radial-calibration / --degraded-copies."""
 import math
 

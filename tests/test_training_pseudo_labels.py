@@ -108,7 +108,7 @@ def test_policy_sources_and_paper_setting():
                               "min_cluster_size": 4, "whiten": None}
     assert UnsupervisedPseudoLabels.paper().levels == PAPER_PSEUDO_LEVELS == (100, 70, 40, 10)
     default = UnsupervisedPseudoLabels()
-    assert default.levels == DEFAULT_PSEUDO_LEVELS == (512,)  # chosen on validation (issue 13; was (128,))
+    assert default.levels == DEFAULT_PSEUDO_LEVELS == (512,)  # chosen on validation (0.1.0 used (128,))
     assert default.config() == {"levels": (512,), "linkage": "ward", "source": "features", "min_cluster_size": 4,
                                 "whiten": 256}
     assert paper.uses_features() and not paper.uses_embeddings()

@@ -1,4 +1,8 @@
-"""Datasets, transforms and samplers for hyperbolic deep metric learning (all offline)."""
+"""Datasets, transforms and samplers for hyperbolic deep metric learning (all offline).
+
+Design note: docs/design/data.md
+"""
+from __future__ import annotations
 
 # Imported on first access (see ``pml_hyperbolic._lazy``): ``data.registry`` stays torch-free for the
 # recipes' command line.

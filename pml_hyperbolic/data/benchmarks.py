@@ -12,9 +12,13 @@ Zero-shot splits as in the papers (Hyp-ViT, Hyp-UML, following Song et al. 2016)
 
 PML's loaders are reused where they read the layout (Cars196 in PML's Kaggle
 layout, CUB); the others are parsed here.
+
+Design note: docs/design/data.md
 """
+from __future__ import annotations
 
 import os
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -31,6 +35,18 @@ class Cars196Dataset(ImageListDataset):
     * ``"pml"``: the Kaggle "stanford-car-dataset-by-classes-folder" layout that
       ``pytorch_metric_learning.datasets.Cars196`` reads: ``names.csv``,
       ``anno_train.csv``, ``anno_test.csv``, ``car_data/car_data/{train,test}/<class>/``.
+
+    Args:
+        root: the dataset folder, in one of ``LAYOUTS``.
+        split: one of ``SPLITS``.
+        transform: applied to each RGB PIL image.
+        **kwargs: :class:`~pml_hyperbolic.data.ImageListDataset` keyword arguments (``on_unreadable``).
+
+    Raises:
+        DatasetNotFoundError: ``root`` holds no supported layout, or no image of the split.
+        ValueError: an unknown ``split``.
+
+    Design note: docs/design/data.md
     """
 
     LAYOUTS = (
@@ -43,7 +59,7 @@ class Cars196Dataset(ImageListDataset):
     NUM_TRAIN_CLASSES = 98
 
     @staticmethod
-    def detect_layout(root):
+    def detect_layout(root: Optional[str]) -> Optional[str]:
         if root is None or not os.path.isdir(root):
             return None
         if os.path.isfile(os.path.join(root, "cars_annos.mat")) and os.path.isdir(os.path.join(root, "car_ims")):
@@ -55,7 +71,7 @@ class Cars196Dataset(ImageListDataset):
             return "pml"
         return None
 
-    def __init__(self, root, split="train", transform=None, **kwargs):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None, **kwargs: Any):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         layout = self.detect_layout(root)
@@ -99,7 +115,20 @@ def _require_images(paths, dataset_name, root, layout, split, source):
 
 
 class CUB200Dataset(ImageListDataset):
-    """CUB-200-2011: classes 1-100 train, 101-200 test (no super-label)."""
+    """CUB-200-2011: classes 1-100 train, 101-200 test (no super-label).
+
+    Args:
+        root: the dataset folder, in one of ``LAYOUTS``.
+        split: one of ``SPLITS``.
+        transform: applied to each RGB PIL image.
+        **kwargs: :class:`~pml_hyperbolic.data.ImageListDataset` keyword arguments (``on_unreadable``).
+
+    Raises:
+        DatasetNotFoundError: ``root`` holds no supported layout, or no image of the split.
+        ValueError: an unknown ``split``.
+
+    Design note: docs/design/data.md
+    """
 
     LAYOUTS = (
         "<root>/CUB_200_2011/{images.txt, image_class_labels.txt, images/} (the extracted CUB_200_2011.tgz)",
@@ -119,13 +148,13 @@ class CUB200Dataset(ImageListDataset):
         )
 
     @classmethod
-    def detect_layout(cls, root):
+    def detect_layout(cls, root: Optional[str]) -> Optional[str]:
         base = cls._base(root)
         if base is None:
             return None
         return "nested" if base != root else "flat"
 
-    def __init__(self, root, split="train", transform=None, **kwargs):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None, **kwargs: Any):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         base = self._base(root)
@@ -169,6 +198,18 @@ class OnlineProductsDataset(ImageListDataset):
 
     Parsed here rather than through PML's ``StanfordOnlineProducts`` because
     that loader drops the ``super_class_id`` column.
+
+    Args:
+        root: the dataset folder, in one of ``LAYOUTS``.
+        split: one of ``SPLITS``.
+        transform: applied to each RGB PIL image.
+        **kwargs: :class:`~pml_hyperbolic.data.ImageListDataset` keyword arguments (``on_unreadable``).
+
+    Raises:
+        DatasetNotFoundError: ``root`` holds no supported layout, or no image of the split.
+        ValueError: an unknown ``split``.
+
+    Design note: docs/design/data.md
     """
 
     LAYOUTS = (
@@ -188,11 +229,11 @@ class OnlineProductsDataset(ImageListDataset):
         )
 
     @classmethod
-    def detect_layout(cls, root):
+    def detect_layout(cls, root: Optional[str]) -> Optional[str]:
         base = cls._base(root)
         return None if base is None else ("nested" if base != root else "flat")
 
-    def __init__(self, root, split="train", transform=None, **kwargs):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None, **kwargs: Any):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         base = self._base(root)
@@ -233,6 +274,18 @@ class InShopDataset(ImageListDataset):
     share one label space (remapped over all test items), so a query's label
     equals its matches' labels. Super-label: the category path of the image
     (``img/<GENDER>/<Category>/id_x/...`` -> ``GENDER/Category``, 23 categories).
+
+    Args:
+        root: the dataset folder, in one of ``LAYOUTS``.
+        split: one of ``SPLITS``.
+        transform: applied to each RGB PIL image.
+        **kwargs: :class:`~pml_hyperbolic.data.ImageListDataset` keyword arguments (``on_unreadable``).
+
+    Raises:
+        DatasetNotFoundError: ``root`` holds no supported layout, or no image of the split.
+        ValueError: an unknown ``split``.
+
+    Design note: docs/design/data.md
     """
 
     LAYOUTS = (
@@ -257,13 +310,13 @@ class InShopDataset(ImageListDataset):
         return partition, image_base
 
     @classmethod
-    def detect_layout(cls, root):
+    def detect_layout(cls, root: Optional[str]) -> Optional[str]:
         partition, image_base = cls._locate(root)
         if partition is None or image_base is None:
             return None
         return "flat" if os.path.dirname(partition) == os.path.normpath(root) else "official"
 
-    def __init__(self, root, split="train", transform=None, **kwargs):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None, **kwargs: Any):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         partition, image_base = self._locate(root)

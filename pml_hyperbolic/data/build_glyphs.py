@@ -27,7 +27,11 @@ splits while the character classes are disjoint.
 The output is deterministic for a given font set, image size and seed. The
 attribution file ``GLYPHS_LICENSES.md`` is regenerated from the Debian
 ``copyright`` files of the packages that were used.
+
+Design note: docs/design/data.md
 """
+from __future__ import annotations
+
 
 import argparse
 import bz2
@@ -37,6 +41,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -100,8 +105,12 @@ def install_font_packages():
 UNIHAN_FIELD_FILES = {"kRSUnicode": "Unihan_IRGSources", "kJoyoKanji": "Unihan_OtherMappings"}
 
 
-def read_unihan_field(field, unihan_dir=UNIHAN_DIR):
-    """Return ``{codepoint: value}`` for one Unihan field (each field lives in a single Unihan file)."""
+def read_unihan_field(field: str, unihan_dir: str = UNIHAN_DIR) -> Dict[int, str]:
+    """Return ``{codepoint: value}`` for one Unihan field (each field lives in a single Unihan file).
+
+    Raises:
+        FileNotFoundError: no Unihan folder, or the field in none of its files.
+    """
     values = {}
     if not os.path.isdir(unihan_dir):
         raise FileNotFoundError(f"{unihan_dir} missing; install Debian's 'unicode-data' package")
@@ -124,7 +133,7 @@ def read_unihan_field(field, unihan_dir=UNIHAN_DIR):
     return values
 
 
-def read_radical_characters(path=os.path.join(UNIHAN_DIR, "CJKRadicals.txt")):
+def read_radical_characters(path: str = os.path.join(UNIHAN_DIR, "CJKRadicals.txt")) -> Dict[int, str]:
     """Kangxi radical number -> the CJK unified ideograph of that radical."""
     radicals = {}
     with open(path, encoding="utf-8") as handle:
@@ -138,15 +147,18 @@ def read_radical_characters(path=os.path.join(UNIHAN_DIR, "CJKRadicals.txt")):
     return radicals
 
 
-def font_codepoints(path, face_index):
+def font_codepoints(path: str, face_index: int) -> Set[int]:
+    """The code points face ``face_index`` of the font file ``path`` maps (needs fontTools)."""
     from fontTools.ttLib import TTFont
 
     font = TTFont(path, fontNumber=face_index, lazy=True)
     return set(font.getBestCmap() or {})
 
 
-def render_glyph(font, character, image_size, rng=None, supersample=4, max_rotation=8.0,
-                 scale_range=(0.68, 1.0), aspect_range=(0.87, 1.15), stroke_change_prob=0.5):
+def render_glyph(font: Any, character: str, image_size: int, rng: Optional[np.random.Generator] = None,
+                 supersample: int = 4, max_rotation: float = 8.0, scale_range: Tuple[float, float] = (0.68, 1.0),
+                 aspect_range: Tuple[float, float] = (0.87, 1.15),
+                 stroke_change_prob: float = 0.5) -> Optional[np.ndarray]:
     """Render one character as ink intensity (0 = paper, 255 = ink).
 
     The glyph is drawn at a fixed em size per font (so relative glyph sizes in a
@@ -199,8 +211,8 @@ def render_glyph(font, character, image_size, rng=None, supersample=4, max_rotat
     return np.asarray(out.resize((image_size, image_size), Image.BOX), dtype=np.uint8)
 
 
-def debian_license_summary(package, doc_root="/usr/share/doc"):
-    """First ``Files: *`` licence and copyright lines of a Debian copyright file."""
+def debian_license_summary(package: str, doc_root: str = "/usr/share/doc") -> Tuple[str, str]:
+    """``(licence, copyright holders)`` from the first ``Files: *`` stanza of a Debian copyright file."""
     path = os.path.join(doc_root, package, "copyright")
     if not os.path.exists(path):
         return "(copyright file not found)", ""
@@ -224,7 +236,8 @@ def debian_license_summary(package, doc_root="/usr/share/doc"):
     return licence, holders
 
 
-def write_license_file(path, fonts, num_classes, image_size):
+def write_license_file(path: str, fonts: Sequence[Any], num_classes: int, image_size: int) -> None:
+    """Write ``GLYPHS_LICENSES.md``: the data sources and every typeface's licence."""
     lines = [
         "# Bundled glyph dataset: sources and licences",
         "",
@@ -252,7 +265,14 @@ def write_license_file(path, fonts, num_classes, image_size):
         handle.write("\n".join(lines) + "\n")
 
 
-def select_characters(fonts_codepoints, num_radicals, characters_per_radical, seed):
+def select_characters(fonts_codepoints: Sequence[Set[int]], num_radicals: int, characters_per_radical: int,
+                      seed: int) -> List[Tuple[int, int]]:
+    """``[(code point, radical)]``: ``characters_per_radical`` Joyo kanji covered by every font from
+    each of the ``num_radicals`` radicals with the most such characters (seeded choice).
+
+    Raises:
+        RuntimeError: fewer eligible radicals than ``num_radicals``.
+    """
     joyo = read_unihan_field("kJoyoKanji")
     radical_stroke = read_unihan_field("kRSUnicode")
     covered = set.intersection(*fonts_codepoints)
@@ -277,8 +297,10 @@ def select_characters(fonts_codepoints, num_radicals, characters_per_radical, se
     return chosen
 
 
-def build(output, image_size=40, num_radicals=32, characters_per_radical=10,
-          min_joyo_coverage=0.80, seed=0, jitter=True, license_path=None, verbose=True):
+def build(output: str, image_size: int = 40, num_radicals: int = 32, characters_per_radical: int = 10,
+          min_joyo_coverage: float = 0.80, seed: int = 0, jitter: bool = True, license_path: Optional[str] = None,
+          verbose: bool = True) -> str:
+    """Render the glyph archive to ``output`` (and the licence file to ``license_path``); returns ``output``."""
     from PIL import ImageFont
 
     joyo = set(read_unihan_field("kJoyoKanji"))
@@ -355,7 +377,8 @@ def build(output, image_size=40, num_radicals=32, characters_per_radical=10,
     return output
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Command line of ``python -m pml_hyperbolic.data.build_glyphs``."""
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default=os.path.join(here, "cjk_glyphs.npz"))

@@ -5,6 +5,8 @@ Used to make degraded copies inside a training step
 radius of a hyperbolic embedding learns to drop when the input loses information. Every strength is
 drawn per image, and the sizes are fractions of the image side so that the same settings mean the
 same thing at 48 px and at 224 px.
+
+Design note: docs/design/data.md
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import torch
 DEGRADATION_KINDS = ("blur", "noise", "occlusion")
 
 
-def gaussian_kernel1d(sigma: float, dtype=torch.float32, device=None) -> torch.Tensor:
+def gaussian_kernel1d(sigma: float, dtype: torch.dtype = torch.float32,
+                      device: Optional[torch.device] = None) -> torch.Tensor:
     r"""Normalised 1-D Gaussian taps :math:`k_t \propto \exp(-t^2/2\sigma^2)`, :math:`|t| \le \lceil 3\sigma \rceil`."""
     half = max(1, math.ceil(3.0 * sigma))
     t = torch.arange(-half, half + 1, dtype=dtype, device=device)
@@ -80,10 +83,23 @@ class RandomDegradation:
     Call on a (B, C, H, W) tensor; returns a new tensor (the input is not modified). Random draws
     come from ``generator`` when given, else from torch's global generator (so that a run seeded
     and resumed by the recipes draws the same degradations).
+
+    Args:
+        kinds: a non-empty subset of :data:`DEGRADATION_KINDS`.
+        blur_sigma: (low, high) of σ as a fraction of the image side.
+        noise_std: (low, high) of the noise standard deviation, in normalised-tensor units.
+        occlusion_side: (low, high) of the square's side as a fraction of the shorter side.
+        occlusion_value: the occluded pixels' value.
+
+    Raises:
+        ValueError: an unknown kind or a range outside its bounds.
+
+    Design note: docs/design/data.md
     """
 
-    def __init__(self, kinds: Sequence[str] = DEGRADATION_KINDS, blur_sigma=(0.008, 0.04), noise_std=(0.1, 0.8),
-                 occlusion_side=(0.125, 0.5), occlusion_value: float = 0.0):
+    def __init__(self, kinds: Sequence[str] = DEGRADATION_KINDS, blur_sigma: Tuple[float, float] = (0.008, 0.04),
+                 noise_std: Tuple[float, float] = (0.1, 0.8), occlusion_side: Tuple[float, float] = (0.125, 0.5),
+                 occlusion_value: float = 0.0):
         kinds = tuple(kinds)
         unknown = [k for k in kinds if k not in DEGRADATION_KINDS]
         if not kinds or unknown:

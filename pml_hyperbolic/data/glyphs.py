@@ -1,7 +1,12 @@
-"""The bundled CJK glyph dataset: a small real image set with a radical -> character hierarchy."""
+"""The bundled CJK glyph dataset: a small real image set with a radical -> character hierarchy.
+
+Design note: docs/design/data.md
+"""
+from __future__ import annotations
 
 import json
 import os
+from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 from PIL import Image
@@ -16,13 +21,21 @@ _ARCHIVE_FIELDS = ("images", "characters", "char_radicals", "radical_characters"
 _archive_cache = {}
 
 
-def read_glyph_archive(path):
+def read_glyph_archive(path: str) -> Dict[str, np.ndarray]:
     """The arrays of a glyph ``.npz`` file, decompressed once per process and file version.
 
-    A run builds four splits (and two views of the training split) from the same file: decoding it
-    once instead of each time saves about 50 ms per split. Keyed by the resolved path, size and
-    modification time, so a rebuilt file is read again; the arrays are read-only (shared by every
-    dataset built from the file).
+    Why: a run builds four splits (and two views of the training split) from the same file. Keyed by
+    the resolved path, size and modification time, so a rebuilt file is read again; the arrays are
+    read-only (shared by every dataset built from the file).
+
+    Args:
+        path: the ``.npz`` file.
+
+    Returns:
+        Field name → read-only array.
+
+    Raises:
+        ValueError: the file lacks one of the expected fields.
     """
     real = os.path.realpath(path)
     info = os.stat(real)
@@ -67,10 +80,7 @@ class GlyphDataset(Dataset):
       (brush Kai, rounded, pixel and hand-lettered faces, 6 fonts); the gallery
       holds the same characters in the *serif* (Mincho/Song) and *sans*
       (Gothic/Hei) families (23 fonts). A query must be matched across a style
-      change, which raw pixels do badly: Recall@1 is 0.113 for raw pixels,
-      about chance (0.005-0.009) for untrained CNNs and 0.190 / 0.155 for
-      ImageNet EfficientNet-Lite0 / MobileNetV2 features at 64 px
-      (``bench/glyph_floor.py``; chance is 1/160).
+      change, which raw pixels do badly (how the baselines score: the design note).
       Query and gallery share one label space, so labels compare directly.
 
     Attributes:
@@ -78,20 +88,30 @@ class GlyphDataset(Dataset):
             split (over query+gallery jointly for those two).
         super_labels: radical label per sample, remapped likewise.
         hierarchical_labels: ``(N, 2)`` int64, column 0 character, column 1 radical.
-        num_classes, num_super_classes: sizes of the two label spaces.
-        characters / radicals: the Unicode character of each class / super-class.
-        font_names, font_families: typeface of each sample.
+        num_classes: size of the character label space.
+        num_super_classes: size of the radical label space.
+        characters: the Unicode character of each class.
+        radicals: the Unicode character of each super-class.
+        font_names: typeface of each sample.
+        font_families: style family of each sample.
 
     Args:
         split: "train", "test", "query" or "gallery".
         transform: applied to the PIL RGB image (e.g. ``build_transforms("glyph")``).
         root: a ``.npz`` file or a folder containing ``cjk_glyphs.npz``; default the bundled file.
         query_family: style family used as queries in the hard protocol.
+
+    Raises:
+        ValueError: an unknown ``split`` or ``query_family``, or an archive lacking fields.
+        FileNotFoundError: no glyph archive at ``root``.
+
+    Design note: docs/design/data.md
     """
 
     SPLITS = ("train", "test", "query", "gallery")
 
-    def __init__(self, split="train", transform=None, root=None, query_family=QUERY_FAMILY):
+    def __init__(self, split: str = "train", transform: Optional[Callable] = None,
+                 root: Optional[Union[str, os.PathLike]] = None, query_family: str = QUERY_FAMILY):
         if split not in self.SPLITS:
             raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
         path = BUNDLED_GLYPHS_PATH if root is None else str(root)

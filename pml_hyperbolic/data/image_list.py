@@ -1,9 +1,14 @@
-"""Shared machinery of the benchmark loaders: label remapping, RGB conversion, unreadable-image handling."""
+"""Shared machinery of the benchmark loaders: label remapping, RGB conversion, unreadable-image handling.
+
+Design note: docs/design/data.md
+"""
+from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
 import os
 import warnings
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -16,8 +21,18 @@ class DatasetNotFoundError(FileNotFoundError):
     """A dataset folder is missing or does not match any supported layout."""
 
 
-def missing_dataset_error(dataset_name, root, layouts, source):
-    """Build the one error message every loader raises: what was expected, where, and where to get it."""
+def missing_dataset_error(dataset_name: str, root: Any, layouts: Sequence[str], source: str) -> DatasetNotFoundError:
+    """Build the one error every loader raises: what was expected, where, and where to get it.
+
+    Args:
+        dataset_name: name shown in the message.
+        root: where the data was looked for.
+        layouts: the accepted folder layouts, one line each.
+        source: where to get the data.
+
+    Returns:
+        The :class:`DatasetNotFoundError` (to raise), with a one-line message.
+    """
     # One line (the recipes print it as their only error line); layouts are numbered when several.
     if len(layouts) == 1:
         expected = layouts[0]
@@ -30,10 +45,18 @@ def missing_dataset_error(dataset_name, root, layouts, source):
     )
 
 
-def remap_labels(raw_labels, label_space=None):
+def remap_labels(raw_labels: Any, label_space: Any = None) -> Tuple[np.ndarray, np.ndarray]:
     """Map raw labels to 0..C-1 in sorted order of ``label_space`` (default: the labels' own unique values).
 
-    Returns ``(labels, label_space)``.
+    Args:
+        raw_labels: the labels as read (any sortable ids).
+        label_space: sorted ids that define the numbering; None: the unique values of ``raw_labels``.
+
+    Returns:
+        ``(labels, label_space)``, labels int64.
+
+    Raises:
+        ValueError: a label outside ``label_space``.
     """
     raw = np.asarray(raw_labels).reshape(-1)
     if label_space is None:
@@ -64,10 +87,24 @@ class ImageListDataset(Dataset):
       returned instead (batches keep their size and class balance, but never
       use it for evaluation: a duplicate is a perfect same-class neighbour).
       :meth:`check_images` finds and drops such files up front.
+
+    Args:
+        paths: image files.
+        raw_labels: one class id per image.
+        raw_super_labels: one super-class id per image, or None.
+        transform: applied to each RGB PIL image.
+        split: the split's name (shown in ``repr``).
+        label_space: sorted class ids defining the numbering (see :func:`remap_labels`).
+        super_label_space: likewise for the super-classes.
+        on_unreadable: ``"skip"`` or ``"substitute"``.
+
+    Raises:
+        ValueError: ``paths`` and ``raw_labels`` differ in length, or a bad ``on_unreadable``.
     """
 
-    def __init__(self, paths, raw_labels, raw_super_labels=None, transform=None, split=None,
-                 label_space=None, super_label_space=None, on_unreadable="skip"):
+    def __init__(self, paths: Sequence[Any], raw_labels: Any, raw_super_labels: Any = None,
+                 transform: Optional[Callable] = None, split: Optional[str] = None, label_space: Any = None,
+                 super_label_space: Any = None, on_unreadable: str = "skip"):
         if len(paths) != len(raw_labels):
             raise ValueError("paths and labels differ in length")
         if on_unreadable not in ("skip", "substitute"):
@@ -174,7 +211,7 @@ class ImageListDataset(Dataset):
             self._note_unreadable(index, error)
             return None
 
-    def load_image(self, index):
+    def load_image(self, index: int) -> Optional[Image.Image]:
         """The RGB PIL image at ``index``; if it is unreadable, None (``on_unreadable="skip"``) or
         a readable same-class substitute (``"substitute"``)."""
         image = self._try_open(index)
@@ -195,7 +232,7 @@ class ImageListDataset(Dataset):
             image = self.transform(image)
         return image, int(self.labels[index])
 
-    def check_images(self, drop=True):
+    def check_images(self, drop: bool = True) -> int:
         """Decode every image once; warn about, count and (if ``drop``) remove unreadable ones.
 
         Labels keep their label space, so a class that loses all images just
@@ -219,14 +256,15 @@ class ImageListDataset(Dataset):
         )
 
 
-def first_existing(candidates, predicate=os.path.exists):
+def first_existing(candidates: Iterable[Any], predicate: Callable[[Any], bool] = os.path.exists) -> Any:
+    """The first of ``candidates`` for which ``predicate`` holds, or None."""
     for candidate in candidates:
         if predicate(candidate):
             return candidate
     return None
 
 
-def collate_skipping_unreadable(batch):
+def collate_skipping_unreadable(batch: List[Any]) -> Any:
     """``collate_fn`` for :class:`ImageListDataset` with ``on_unreadable="skip"``: drops the
     ``None`` items of unreadable images, then collates as PyTorch's default does. A batch with no
     readable image at all becomes ``None`` (with a warning), which this package's trainer and

@@ -1,11 +1,15 @@
 """``build_dataset`` / ``find_dataset_root``: one entry point for every dataset, local folders only.
 
-Importing this module imports only ``os``: the recipes read its names (environment variables,
+Importing this module imports only the standard library: the recipes read its names (environment variables,
 folder names) while parsing the command line, before torch is loaded. The dataset classes are
 imported on first use (``DATASET_CLASSES``, :func:`build_dataset`, :func:`find_dataset_root`).
+
+Design note: docs/design/data.md
 """
+from __future__ import annotations
 
 import os
+from typing import Any, Callable, Optional
 
 
 def _dataset_classes():
@@ -74,7 +78,7 @@ def _is_valid_root(name, root):
     return _classes()[name].detect_layout(root) is not None
 
 
-def find_dataset_root(name, root=None):
+def find_dataset_root(name: str, root: Optional[str] = None) -> Optional[str]:
     """Return a folder holding dataset ``name`` in a supported layout, or ``None``.
 
     Looks, in order, at: the explicit ``root``; the dataset's own environment
@@ -83,6 +87,17 @@ def find_dataset_root(name, root=None):
     sub-folders (e.g. ``$PML_HYPERBOLIC_DATA/cars196``). For ``"glyphs"`` the
     bundled array file's folder is the final fallback, so it is always found.
     Used by the recipes' ``--dataset auto``.
+
+    Args:
+        name: dataset name or alias (``"cars196"``, ``"cub200"``, ``"sop"``, ``"inshop"``,
+            ``"glyphs"``, ``"cub"``, ...).
+        root: a folder (or, for glyphs, a ``.npz`` file) to try first.
+
+    Returns:
+        The first candidate holding a supported layout, or None.
+
+    Raises:
+        ValueError: an unknown dataset name.
     """
     name = _check_name(name)
     candidates = [root, os.environ.get(ROOT_ENVIRONMENT_VARIABLES[name])]
@@ -100,13 +115,28 @@ def find_dataset_root(name, root=None):
     return None
 
 
-def build_dataset(name, split, root=None, transform=None, **dataset_kwargs):
+def build_dataset(name: str, split: str, root: Optional[str] = None, transform: Optional[Callable] = None,
+                  **dataset_kwargs: Any) -> Any:
     """Instantiate dataset ``name`` ("cars196", "cub200", "sop", "inshop", "glyphs") for ``split``.
 
     Splits: "train" / "test" for all; "query" / "gallery" also for "inshop" and
     "glyphs". ``root`` is resolved with :func:`find_dataset_root`; when nothing
     is found a :class:`DatasetNotFoundError` (a ``FileNotFoundError``) names the
     expected layouts and where to get the data. Nothing is ever downloaded.
+
+    Args:
+        name: dataset name or alias.
+        split: one of the dataset class's ``SPLITS``.
+        root: where to look first (see :func:`find_dataset_root`).
+        transform: applied to each PIL image.
+        **dataset_kwargs: passed to the dataset class.
+
+    Returns:
+        The dataset.
+
+    Raises:
+        ValueError: an unknown name or split.
+        DatasetNotFoundError: no supported layout found.
     """
     from .glyphs import GlyphDataset
     from .image_list import missing_dataset_error

@@ -1,6 +1,11 @@
-"""Class-balanced batch sampling: every batch holds m samples of each of B/m classes."""
+"""Class-balanced batch sampling: every batch holds m samples of each of B/m classes.
+
+Design note: docs/design/data.md
+"""
+from __future__ import annotations
 
 import math
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -48,13 +53,19 @@ class ClassBalancedBatchSampler(Sampler):
         num_batches: batches per epoch per rank; default: dataset size // batch_size
             global batches split over the ranks.
         seed: base seed shared by all ranks.
-        rank / world_size: default from ``torch.distributed`` when initialised, else 0 / 1.
+        rank: this process's rank; default from ``torch.distributed`` when initialised, else 0.
+        world_size: number of ranks; default from ``torch.distributed`` when initialised, else 1.
         drop_last: with the default ``num_batches``, round the per-rank count down
             (True) or up (False) when the global batches do not split evenly.
+
+    Raises:
+        ValueError: non-positive sizes, ``samples_per_class`` not dividing ``batch_size``, fewer
+            classes than a batch needs, or ``rank`` outside ``world_size``.
     """
 
-    def __init__(self, labels, batch_size, samples_per_class, num_batches=None, seed=0,
-                 rank=None, world_size=None, drop_last=True):
+    def __init__(self, labels: Any, batch_size: int, samples_per_class: int, num_batches: Optional[int] = None,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 drop_last: bool = True):
         if isinstance(labels, torch.Tensor):
             labels = labels.detach().cpu().numpy()
         labels = np.asarray(labels).reshape(-1)
@@ -94,7 +105,7 @@ class ClassBalancedBatchSampler(Sampler):
         self._start_batch = 0  # for resuming mid-epoch
         self._next_batch = 0
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Reseed for a new epoch (same on every rank)."""
         self.epoch = int(epoch)
 
@@ -171,7 +182,8 @@ class ClassBalancedBatchSampler(Sampler):
         """
         return {"seed": self.seed, "epoch": self.epoch, "next_batch": self._next_batch}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Restore :meth:`state_dict`'s seed, epoch and next batch (the next epoch starts there)."""
         self.seed = int(state.get("seed", self.seed))
         self.epoch = int(state.get("epoch", self.epoch))
         self._start_batch = int(state.get("next_batch", 0))

@@ -1,10 +1,19 @@
-"""Train / eval image transforms of the papers (ImageNet-style) and their glyph equivalents."""
+"""Train / eval image transforms of the papers (ImageNet-style) and their glyph equivalents.
+
+Design note: docs/design/data.md
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torchvision import transforms as T
 
 from ..training.presets import GLYPH_VIEW_AUGMENTATIONS  # torch-free: the recipes' command line lists them too
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -26,12 +35,12 @@ class ConvertToRGB:
             a third of the pixels in the PIL steps.
     """
 
-    def __init__(self, keep_greyscale=False):
+    def __init__(self, keep_greyscale: bool = False):
         if not isinstance(keep_greyscale, bool):
             raise ValueError(f"keep_greyscale must be True or False, got {keep_greyscale!r}")
         self.keep_greyscale = keep_greyscale
 
-    def __call__(self, image):
+    def __call__(self, image: Image.Image):
         if image.mode == "RGB" or (self.keep_greyscale and image.mode == "L"):
             return image
         return image.convert("RGB")
@@ -52,10 +61,12 @@ class ToNormalizedTensor:
     per grey pixel rather than once per channel.
 
     Args:
-        mean / std: per-channel values, three each or one for all channels (std non-zero).
+        mean: per-channel means, three values or one for all channels.
+        std: per-channel standard deviations, three values or one (non-zero).
     """
 
-    def __init__(self, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    def __init__(self, mean: Union[float, Sequence[float]] = IMAGENET_MEAN,
+                 std: Union[float, Sequence[float]] = IMAGENET_STD):
         mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
         std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
         if mean_t.numel() not in (1, 3) or std_t.numel() not in (1, 3):
@@ -68,7 +79,7 @@ class ToNormalizedTensor:
         self._mean = mean_t.numpy()[:, None, None]
         self._std = std_t.numpy()[:, None, None]
 
-    def __call__(self, image):
+    def __call__(self, image: Image.Image):
         mode = getattr(image, "mode", None)
         if mode not in ("L", "RGB"):
             raise ValueError(f"ToNormalizedTensor takes a greyscale ('L') or RGB PIL image, got "
@@ -87,15 +98,16 @@ class ToNormalizedTensor:
         return f"{self.__class__.__name__}(mean={self.mean}, std={self.std})"
 
 
-def glyph_affine(max_rotation=8.0):
+def glyph_affine(max_rotation: float = 8.0) -> Callable:
     """The glyph pipelines' mild random affine on white paper: rotation ≤ ``max_rotation`` degrees,
     shift ≤ 8 % of the side, scale 0.85–1.1, shear ≤ 6°, bilinear, fill 255."""
     return T.RandomAffine(degrees=max_rotation, translate=(0.08, 0.08), scale=(0.85, 1.1), shear=6,
                           interpolation=T.InterpolationMode.BILINEAR, fill=255)
 
 
-def build_transforms(kind="imagenet", train=True, image_size=None, resize_size=None,
-                     mean=IMAGENET_MEAN, std=IMAGENET_STD, glyph_max_rotation=8.0):
+def build_transforms(kind: str = "imagenet", train: bool = True, image_size: Optional[int] = None,
+                     resize_size: Optional[int] = None, mean: Sequence[float] = IMAGENET_MEAN,
+                     std: Sequence[float] = IMAGENET_STD, glyph_max_rotation: float = 8.0) -> Callable:
     """Build the torchvision pipeline producing normalized float tensors ``(3, S, S)``.
 
     ``kind="imagenet"`` (Hyp-ViT / Hyp-UML protocol for Cars, CUB, SOP, In-Shop):
@@ -117,9 +129,23 @@ def build_transforms(kind="imagenet", train=True, image_size=None, resize_size=N
     conversion).
 
     Args:
-        image_size / resize_size: ``None`` selects the defaults of ``kind``.
-        mean / std: normalisation; ImageNet statistics by default (also right for
-            the offline EfficientNet-Lite0 / MobileNetV2 weights' reference pipelines).
+        kind: ``"imagenet"`` or ``"glyph"``.
+        train: the training (random) pipeline, else the evaluation one.
+        image_size: output side; ``None`` selects the default of ``kind``.
+        resize_size: evaluation resize before the centre crop (``"imagenet"`` only); ``None``
+            selects the default.
+        mean: normalisation means; ImageNet statistics by default (also right for the offline
+            EfficientNet-Lite0 / MobileNetV2 weights' reference pipelines).
+        std: normalisation standard deviations.
+        glyph_max_rotation: largest rotation of the glyph training affine, in degrees.
+
+    Returns:
+        A callable from a PIL image to a ``(3, S, S)`` float32 tensor.
+
+    Raises:
+        ValueError: an unknown ``kind``.
+
+    Design note: docs/design/data.md
     """
     if kind not in DEFAULT_SIZES:
         raise ValueError(f"kind must be one of {sorted(DEFAULT_SIZES)}, got {kind!r}")
@@ -161,17 +187,21 @@ class RandomStrokeWeight:
     transforms (seed it with ``torch.manual_seed``).
 
     Args:
-        bolder / lighter: largest α of each direction, in [0, 1].
+        bolder: largest α of the bolder direction, in [0, 1].
+        lighter: largest α of the lighter direction, in [0, 1].
         p: probability of changing the weight at all, in [0, 1].
+
+    Raises:
+        ValueError: a value outside [0, 1].
     """
 
-    def __init__(self, bolder=1.0, lighter=0.5, p=0.8):
+    def __init__(self, bolder: float = 1.0, lighter: float = 0.5, p: float = 0.8):
         for name, value in (("bolder", bolder), ("lighter", lighter), ("p", p)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         self.bolder, self.lighter, self.p = float(bolder), float(lighter), float(p)
 
-    def __call__(self, image):
+    def __call__(self, image: Image.Image):
         from PIL import Image, ImageFilter
 
         if not isinstance(image, Image.Image) or image.mode not in ("L", "RGB"):
@@ -189,20 +219,33 @@ class RandomStrokeWeight:
         return f"{self.__class__.__name__}(bolder={self.bolder}, lighter={self.lighter}, p={self.p})"
 
 
-def glyph_view_transform(image_size=64, augmentation="crop", mean=IMAGENET_MEAN, std=IMAGENET_STD):
+def glyph_view_transform(image_size: int = 64, augmentation: str = "crop", mean: Sequence[float] = IMAGENET_MEAN,
+                         std: Sequence[float] = IMAGENET_STD) -> Callable:
     """The augmentation of one view of a glyph for self-supervised contrastive learning (MoCo, HCL).
 
     Two views of the same glyph must differ the way one character differs between typefaces, which is
     what glyph retrieval has to ignore, while keeping every stroke that tells two characters apart.
 
     * ``"crop"`` (default): MoCo's random resized crop (scale 0.5–1) alone. A crop can cut off a stroke
-      that distinguishes two characters, but on the bundled glyphs it is the better of the two
-      (``python bench/hcl_validation.py --views crop,font``, see ``recipes/hcl.py``).
+      that distinguishes two characters, but on the bundled glyphs it is the better of the two for HCL
+      (design note: docs/design/data.md).
     * ``"font"``: the supervised glyph pipeline's mild affine (rotation ≤ 8°, shift ≤ 8 %,
       scale 0.85–1.1, shear ≤ 6°, white fill), bicubic resize to ``image_size``, a stroke-weight change
       (:class:`RandomStrokeWeight`, p = 0.8) and, with p = 0.5, a Gaussian blur (σ ∈ [0.1, 1] px, MoCo v2's
       blur scaled to the glyph size). No flip (a mirrored glyph is another symbol), no colour jitter
       (glyphs are black on white).
+
+    Args:
+        image_size: output side in pixels (at least 8).
+        augmentation: ``"crop"`` or ``"font"``.
+        mean: normalisation means.
+        std: normalisation standard deviations.
+
+    Returns:
+        A callable from a PIL image to a ``(3, image_size, image_size)`` float32 tensor.
+
+    Raises:
+        ValueError: an unknown ``augmentation`` or ``image_size < 8``.
     """
     if augmentation not in GLYPH_VIEW_AUGMENTATIONS:
         raise ValueError(f"augmentation must be one of {GLYPH_VIEW_AUGMENTATIONS}, got {augmentation!r}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ def _positive(value, name):
 # Cosine distances at most this many machine epsilons are recomputed from explicit differences
 # (the Gram product's absolute error is a few ulps); above, the absolute error of the hyperbolic
 # logit λβκ(√(x+e) − √x) ≤ λβκ e / (2√x) stays below ~2e-3 (λ = 8, c = 0.1, float32) and the
-# gradient matches the general path's accuracy (measured: 64 ulps was not enough, 256 was).
+# gradient matches the general path's accuracy (a threshold of 64 ulps did not; 1024 leaves a margin).
 _CLOSE_COS_DIST_ULPS = 1024
 # More explicit work than this (elements of the (pairs, D) difference) -> general path.
 _MAX_EXPLICIT_ELEMENTS = 1 << 22
@@ -31,7 +32,7 @@ class _CosineMix(torch.autograd.Function):
     of the cosine distance matrix :math:`x = 1 - \cos`, with a closed-form backward.
 
     arsinh is evaluated as :math:`\log(\kappa\sqrt x + \sqrt{1 + \kappa^2 x})` (aten's ``asinh`` is
-    a scalar libm call, ~20x slower than these vectorised passes). :math:`x < 0` (rounding) counts
+    a scalar libm call, much slower than these vectorised passes). :math:`x < 0` (rounding) counts
     as 0. The derivative :math:`\lambda_k\beta_k\kappa_k / (2\sqrt x\sqrt{1+\kappa_k^2 x})` is
     unbounded at :math:`x \to 0`; the gradient with respect to the embeddings is bounded (the
     :math:`1/\sqrt x` meets :math:`\partial x/\partial u = u - u'` of size :math:`\sqrt x`) provided
@@ -123,9 +124,13 @@ class MixedGeometryDistance(BaseDistance):
             paper (its Limitation section suggests it). Put the distance's (or the loss's)
             parameters in the optimiser.
         clip_r: the head's clip radius applied before expmap0 (None: no clipping).
+
+    Design note: docs/design/distances.md
     """
 
-    def __init__(self, c=0.1, lam=3.0, tau_e=0.05, tau_h=0.2, learnable_lambda=False, clip_r=2.3, **kwargs):
+    def __init__(self, c: float | Sequence[float] = 0.1, lam: float | Sequence[float] = 3.0,
+                 tau_e: float = 0.05, tau_h: float = 0.2, learnable_lambda: bool = False,
+                 clip_r: float | None = 2.3, **kwargs):
         if kwargs.pop("is_inverted", False):
             raise ValueError("is_inverted must be False: the mixed distance grows with dissimilarity")
         kwargs.pop("normalize_embeddings", None)  # normalisation is part of the model here
@@ -200,7 +205,7 @@ class MixedGeometryDistance(BaseDistance):
         norm = torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
         return emb / norm.clamp_min(1e-12), bool((norm > 1e-12).all())
 
-    def compute_mat(self, query_emb, ref_emb):
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         pb.check_finite(query_emb, "embeddings")
         if ref_emb is not query_emb:
             pb.check_finite(ref_emb, "ref_emb")
@@ -245,7 +250,7 @@ class MixedGeometryDistance(BaseDistance):
         hyp = [pb.pairwise_dist(q, r, ck) for q, r, ck in zip(hq, hr, self.curvatures)]
         return self._combine(cos_dist, hyp, uq.dtype)
 
-    def pairwise_distance(self, query_emb, ref_emb):
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         pb.check_finite(query_emb, "embeddings")  # a NaN loss is worse than an error
         pb.check_finite(ref_emb, "ref_emb")
         with torch.autocast(device_type=query_emb.device.type, enabled=False):

@@ -11,7 +11,7 @@ from ..manifold_tensors import unwrap_ball_tensor
 
 class PoincareDistance(BaseDistance):
     r"""Geodesic distance on the Poincaré ball of curvature :math:`-c`, for PML losses and miners
-    (those that accept a non-cosine distance: see the table of ``bench/pml_compatibility.py``).
+    (those that accept a non-cosine distance; docs/design/distances.md lists which).
 
     .. math:: d_c(x, y) = \frac{2}{\sqrt{c}}\operatorname{artanh}\big(\sqrt{c}\,\|{-x}\oplus_c y\|\big)
 
@@ -37,9 +37,13 @@ class PoincareDistance(BaseDistance):
     hypll: ``forward``, ``compute_mat`` and ``pairwise_distance`` also take a hypll ``ManifoldTensor``
     on a Poincaré ball (points along the last dimension); its curvature must equal this distance's
     ``c`` (see :func:`pml_hyperbolic.manifold_tensors.unwrap_ball_tensor`).
+
+    Design note: docs/design/distances.md
     """
 
-    def __init__(self, c=DEFAULT_CURVATURE, normalize_embeddings=False, project=True, check_finite=True, **kwargs):
+    def __init__(self, c: float | torch.Tensor | torch.nn.Module = DEFAULT_CURVATURE,
+                 normalize_embeddings: bool = False, project: bool = True, check_finite: bool = True,
+                 **kwargs):
         if kwargs.pop("is_inverted", False):
             raise ValueError("is_inverted must be False: a Poincaré distance grows with dissimilarity")
         super().__init__(normalize_embeddings=normalize_embeddings, is_inverted=False, **kwargs)
@@ -60,7 +64,7 @@ class PoincareDistance(BaseDistance):
     def _unwrap(self, emb):
         return unwrap_ball_tensor(emb, self._c, "PoincareDistance")
 
-    def forward(self, query_emb, ref_emb=None):
+    def forward(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None = None):
         return super().forward(self._unwrap(query_emb), self._unwrap(ref_emb))
 
     def _prepare(self, emb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -71,14 +75,14 @@ class PoincareDistance(BaseDistance):
     def _curvature_for(self, emb: torch.Tensor) -> torch.Tensor:
         return pb.as_curvature(self._c, pb.compute_dtype(emb.dtype), emb.device)
 
-    def compute_mat(self, query_emb, ref_emb):
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
         c = self._curvature_for(query_emb)
         query = self._prepare(query_emb, c)
         ref = query if ref_emb is query_emb else self._prepare(ref_emb, c)
         return pb.pairwise_dist(query, ref, c)
 
-    def pairwise_distance(self, query_emb, ref_emb):
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
         c = self._curvature_for(query_emb)
         return pb.dist(self._prepare(query_emb, c), self._prepare(ref_emb, c), c)

@@ -37,9 +37,12 @@ class PoincareSimilarity(PoincareDistance):
         **kwargs: as :class:`PoincareDistance` (``project``, ``check_finite``, PML's ``power``, ...).
 
     ``is_inverted`` is True: larger means more similar, like PML's ``CosineSimilarity``.
+
+    Design note: docs/design/distances.md
     """
 
-    def __init__(self, c=None, scale=None, **kwargs):
+    def __init__(self, c: float | torch.Tensor | torch.nn.Module | None = None, scale: float | None = None,
+                 **kwargs):
         if kwargs.pop("is_inverted", True) is not True:
             raise ValueError("is_inverted must be True: PoincareSimilarity grows with similarity")
         if c is None:
@@ -66,10 +69,10 @@ class PoincareSimilarity(PoincareDistance):
     def _to_similarity(self, dist: torch.Tensor) -> torch.Tensor:
         return 1.0 - dist / self.scale
 
-    def compute_mat(self, query_emb, ref_emb):
+    def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         return self._to_similarity(super().compute_mat(query_emb, ref_emb))
 
-    def pairwise_distance(self, query_emb, ref_emb):
+    def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         return self._to_similarity(super().pairwise_distance(query_emb, ref_emb))
 
     def extra_repr(self) -> str:

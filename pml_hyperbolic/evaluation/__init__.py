@@ -1,5 +1,10 @@
 """Evaluation and geometry analysis: Recall@K, exact hyperbolic kNN, δ-hyperbolicity,
-uncertainty-vs-recall, Poincaré-disk plots, retrieval grids."""
+uncertainty-vs-recall, Poincaré-disk plots, retrieval grids.
+
+Design note: docs/design/evaluation.md
+"""
+from __future__ import annotations
+
 from .delta_hyperbolicity import gromov_delta, relative_delta, suggest_curvature
 from .hyperbolic_index import HyperbolicIndex
 from .hyperbolic_knn import HyperbolicKNN

@@ -18,19 +18,20 @@ Memory is O(n²): the (max, min) product is computed in (row-block × column-blo
 ``block_rows × block_cols × n``; never an n×n×n tensor. Because G and the product are symmetric,
 only tiles with ``j ≥ i`` are formed.
 
-Threads. The tile loop is thousands of small torch ops, each ending in an OpenMP barrier; on a
-busy machine 2 threads made it 2-7× slower than 1 (``bench/under_load.py``). It runs with
+Threads. The tile loop is thousands of small torch ops, each ending in an OpenMP barrier, which
+extra threads make slow on a busy machine. It runs with
 :func:`~pml_hyperbolic.threads.uncontended_threads` (the caller's count on an idle machine, 1
 when other processes hold the cores), and always with 1 thread for small sets, where the work
-cannot repay a thread start. 16 × 16 tiles (4 MB of float64 at n = 2000, cache-sized, and a finer
-pruning grain) took 30-45% less CPU time than 16 × 64 at 1 thread. The result does not depend
-on tiles or threads: every step is an exact min/max.
+cannot repay a thread start. Tiles are 16 × 16 (cache-sized, and a fine pruning grain). The result
+does not depend on tiles or threads: every step is an exact min/max.
+
+Design note: docs/design/evaluation.md
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -41,8 +42,8 @@ from ..threads import limited_threads, uncontended_threads
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 16
-# sets up to this size run single-threaded without asking: their O(n³/2) tile work (~10 ms at
-# n = 300) is about what choosing a thread count by looking at the machine costs
+# sets up to this size run single-threaded without asking: their O(n³/2) tile work costs about
+# what choosing a thread count by looking at the machine does (docs/design/evaluation.md)
 _SERIAL_MAX_N = 300
 
 
@@ -137,9 +138,9 @@ def _delta_tiles(D: Tensor, base: int, dtype, block_rows: int, block_cols: int) 
 
 
 def gromov_delta(
-    embeddings=None,
+    embeddings: Any = None,
     *,
-    distances=None,
+    distances: Any = None,
     metric: str = "euclidean",
     c: Optional[float] = None,
     base: int = 0,
@@ -150,18 +151,27 @@ def gromov_delta(
     r"""Gromov δ (absolute) of a point set, from Gromov products at point ``base``.
 
     Args:
-        embeddings: (n × D) points, with ``metric`` "euclidean" (default, as Hyp-ViT on backbone
-            features), "cosine" (1 − cos) or "poincare" (needs ``c``); or
-        distances: a precomputed (n × n) distance matrix instead.
+        embeddings: (n × D) points, compared with ``metric``; give this or ``distances``.
+        distances: a precomputed (n × n) symmetric, non-negative distance matrix instead.
+        metric: "euclidean" (default, as Hyp-ViT on backbone features), "cosine" (1 − cos) or
+            "poincare" (needs ``c``).
+        c: curvature for ``metric="poincare"``.
         base: index of the base point w (Hyp-ViT: point 0).
-        dtype: dtype of the (max, min) product; float32 is ~2× faster, exact up to the rounding of
+        dtype: dtype of the (max, min) product; float32 is faster, exact up to the rounding of
             the Gromov products (relative 1e-7).
-        block_rows, block_cols: tile size of the (max, min) product (speed only; the value does not
-            depend on it).
+        block_rows: tile rows of the (max, min) product (speed only; the value does not depend on it).
+        block_cols: tile columns of the (max, min) product (speed only).
+
     Returns:
         δ ≥ 0 as a float. O(n²) memory, O(n³) time. Sets of at most 3 points are 0-hyperbolic (any
         3-point metric space embeds in a tree), so they return exactly 0.0; for a *relative* δ of a
         degenerate set see :func:`relative_delta`, which refuses coincident points.
+
+    Raises:
+        ValueError: both or neither of ``embeddings`` / ``distances``, a matrix that is not a
+            metric, NaN/Inf, an empty set, a bad ``metric``, ``base`` or block size.
+
+    Design note: docs/design/evaluation.md
     """
     src = embeddings if embeddings is not None else distances
     n = len(src) if hasattr(src, "__len__") and np.ndim(src) > 0 else 0  # bad input: the error below
@@ -173,9 +183,9 @@ def gromov_delta(
 
 
 def relative_delta(
-    embeddings=None,
+    embeddings: Any = None,
     *,
-    distances=None,
+    distances: Any = None,
     metric: str = "euclidean",
     c: Optional[float] = None,
     base: int = 0,
@@ -184,12 +194,33 @@ def relative_delta(
     seed: int = 0,
     return_std: bool = False,
     dtype: torch.dtype = torch.float64,
-):
+) -> Union[float, Tuple[float, float]]:
     r"""Relative δ: :math:`\delta_{rel} = 2\delta / \operatorname{diam}` (in [0, 1]).
 
     With ``n_samples`` (and more points than that) the estimate is the mean over ``n_draws``
     random subsets of ``n_samples`` points (seeded by ``seed``; base = each subset's first point),
-    as Hyp-ViT does on large sets; ``return_std=True`` returns ``(mean, std)``.
+    as Hyp-ViT does on large sets.
+
+    Args:
+        embeddings: (n × D) points; give this or ``distances``.
+        distances: a precomputed (n × n) distance matrix instead.
+        metric: as in :func:`gromov_delta`.
+        c: curvature for ``metric="poincare"``.
+        base: base point index when the whole set is used.
+        n_samples: subset size (None: the whole set).
+        n_draws: number of random subsets averaged.
+        seed: seed of the subsets.
+        return_std: also return the standard deviation over the draws.
+        dtype: dtype of the (max, min) product.
+
+    Returns:
+        δ_rel as a float, or ``(mean, std)`` with ``return_std``.
+
+    Raises:
+        ValueError: bad ``n_draws`` / ``n_samples``, no or empty input, or a set (or subset) whose
+            points all coincide (0/0), plus :func:`gromov_delta`'s errors.
+
+    Design note: docs/design/evaluation.md
     """
     if n_draws < 1:
         raise ValueError(f"n_draws must be >= 1, got {n_draws}")
@@ -237,7 +268,7 @@ def _relative_delta_of(embeddings, distances, metric, c, base, sel, dtype) -> fl
 
 
 def suggest_curvature(
-    embeddings,
+    embeddings: Any,
     *,
     metric: str = "euclidean",
     n_samples: int = 2000,
@@ -245,13 +276,32 @@ def suggest_curvature(
     seed: int = 0,
     max_curvature: float = 10.0,
     min_curvature: float = 1e-4,
-    **kwargs,
+    **kwargs: Any,
 ) -> float:
     r"""Curvature suggested by Hyp-ViT: :math:`c = (0.144 / \delta_{rel})^2`, with δ_rel the mean
     of :func:`relative_delta` over ``n_draws`` subsets of ``n_samples`` points (Hyp-ViT: raw
     backbone features, Euclidean). Clamped to ``[min_curvature, max_curvature]`` (a tree-like set
     has δ_rel ≈ 0 and would suggest c = ∞); a warning says when the clamp applied.
-    This is what the recipes' ``--curvature auto`` uses."""
+    This is what the recipes' ``--curvature auto`` uses.
+
+    Args:
+        embeddings: (n × D) points.
+        metric: as in :func:`gromov_delta`.
+        n_samples: subset size of each draw.
+        n_draws: number of random subsets averaged.
+        seed: seed of the subsets.
+        max_curvature: upper clamp.
+        min_curvature: lower clamp (> 0).
+        **kwargs: further :func:`relative_delta` arguments (``c``, ``dtype``, ...).
+
+    Returns:
+        c as a float.
+
+    Raises:
+        ValueError: ``min_curvature`` not in (0, ``max_curvature``], plus :func:`relative_delta`'s errors.
+
+    Design note: docs/design/evaluation.md
+    """
     if not (0 < min_curvature <= max_curvature):
         raise ValueError("need 0 < min_curvature <= max_curvature")
     d_rel = relative_delta(embeddings, metric=metric, n_samples=n_samples, n_draws=n_draws,

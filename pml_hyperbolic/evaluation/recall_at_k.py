@@ -1,7 +1,10 @@
-"""Recall@K on PML's :class:`AccuracyCalculator`."""
+"""Recall@K on PML's :class:`AccuracyCalculator`.
+
+Design note: docs/design/evaluation.md
+"""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import (
@@ -45,10 +48,16 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
             (PML's own default would fetch *every* reference). ``mean_average_precision`` is then
             MAP over those neighbours.
         **kwargs: PML ``AccuracyCalculator`` arguments (include, exclude, avg_of_avgs, knn_func...).
+
+    Raises:
+        ValueError: empty or non-positive ``k_values``; at evaluation, a K larger than the number of
+            references, or bad embeddings (see :meth:`get_accuracy`).
+
+    Design note: docs/design/evaluation.md
     """
 
     def __init__(self, k_values: Iterable[int] = (1, 2, 4, 8), c: Optional[float] = None,
-                 k=None, **kwargs):
+                 k: Optional[Any] = None, **kwargs: Any):
         k_values = tuple(k_values) if not isinstance(k_values, int) else (k_values,)
         if len(k_values) == 0:
             raise ValueError("k_values must contain at least one K")
@@ -71,7 +80,7 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
         if auto_knn and set(self.get_curr_metrics()) <= rank_metrics:
             # only the neighbour *sets* at the K of Recall@K matter (not the order inside them):
             # the exact search may leave near-ties between those ranks in faiss's order, which
-            # skips most of its float64 work at large K (bench/knn.py)
+            # skips most of its float64 work at large K
             self.knn_func = HyperbolicKNN(c=c, exact_ranks=self.k_values)
 
     def _make_recall_fn(self, K):
@@ -100,11 +109,29 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
         hit = same.reshape(same.shape[0], -1).any(dim=1).to(torch.float64)
         return maybe_get_avg_of_avgs(hit, query_labels, self.avg_of_avgs, self.return_per_class)
 
-    def get_accuracy(self, query, query_labels, reference=None, reference_labels=None,
-                     ref_includes_query=False, include=(), exclude=()):
+    def get_accuracy(self, query: Any, query_labels: Any, reference: Any = None, reference_labels: Any = None,
+                     ref_includes_query: bool = False, include: Sequence[str] = (),
+                     exclude: Sequence[str] = ()) -> dict:
         """PML's ``get_accuracy``, after checks that turn bad input into one clear error (PML
         itself fails deep inside with a reshape error on empty sets, a misleading "reference must
-        start with query" on NaN, or silently ranks NaN / Inf embeddings in Euclidean mode)."""
+        start with query" on NaN, or silently ranks NaN / Inf embeddings in Euclidean mode).
+
+        Args:
+            query: (Nq, D) query embeddings.
+            query_labels: (Nq,) or (Nq, L) labels.
+            reference: (Nr, D) reference embeddings (None: the queries themselves).
+            reference_labels: labels of ``reference``.
+            ref_includes_query: whether the queries are part of ``reference`` (as in PML).
+            include: metric names to compute only.
+            exclude: metric names to skip.
+
+        Returns:
+            ``{metric name: value}``, with ``recall_at_K`` among them.
+
+        Raises:
+            ValueError: embeddings not 2-D, empty, with NaN/Inf, missing or mismatched labels, or
+                query and reference dimensions that differ.
+        """
         _check_embeddings(query, query_labels, "query")
         if reference is not None:
             _check_embeddings(reference, reference_labels, "reference")
@@ -114,7 +141,7 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
         return super().get_accuracy(query, query_labels, reference, reference_labels,
                                     ref_includes_query, include=include, exclude=exclude)
 
-    def determine_k(self, bin_counts, num_reference_embeddings, ref_includes_query):
+    def determine_k(self, bin_counts: Any, num_reference_embeddings: int, ref_includes_query: bool) -> int:
         available = num_reference_embeddings - int(ref_includes_query)
         wanted_recall = [
             kv for kv in self.k_values if f"recall_at_{kv}" in self.get_curr_metrics()

@@ -1,12 +1,15 @@
-"""Embedding heads: a Linear layer followed by the ball map (Hyp-) or L2 normalisation (Sph-)."""
+"""Embedding heads: a Linear layer followed by the ball map (Hyp-) or L2 normalisation (Sph-).
+
+Design note: docs/design/heads.md
+"""
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE
+from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry
 from ..manifold_tensors import to_manifold_tensor
-from .to_poincare import _UNSET, ToPoincare
+from .to_poincare import _UNSET, ToPoincare, _Unset
 
 
 def _orthogonal_linear(in_features: int, out_features: int) -> nn.Linear:
@@ -26,6 +29,14 @@ class RadialConfidence(nn.Module):
     :math:`\hat f = \sqrt{D_{in}}\,f/\|f\|` (scale-free input, unit mean square), g a two-layer MLP
     (``in → hidden → 1``, ReLU) whose last layer starts at zero weight and bias ``init_logit``, so
     every sample starts at the same radius :math:`\rho_{max}\sigma(\text{init\_logit})`.
+
+    Args:
+        in_features: :math:`D_{in}`, the width of the backbone features.
+        hidden: width of the MLP's hidden layer (>= 1).
+        init_logit: the starting logit of every sample.
+
+    Raises:
+        ValueError: ``hidden < 1``.
     """
 
     def __init__(self, in_features: int, hidden: int = 64, init_logit: float = 0.0):
@@ -51,9 +62,8 @@ class HyperbolicEmbeddingHead(nn.Module):
 
     with :math:`\rho \le r` (the geometry's clip radius), so d₀(x) = 2ρ(f) spreads with the loss's
     radial pull (confident samples outward, ambiguous ones inward) instead of sitting at the clip.
-    Why: the Hyp-ViT head maps pretrained features to tangent norms of 20–100 against r = 2.3, so
-    clipping puts every embedding on one sphere and d₀ is constant (measured:
-    ``python bench/radius.py``, which also holds the ablation that chose this design).
+    Why: the Hyp-ViT head maps pretrained features to tangent norms far above r, so clipping puts
+    every embedding on one sphere and d₀ is the same for all of them.
 
     ``radius="norm"``: the papers' exact head, ``ToPoincare(Linear(f))`` (Ermolov et al., CVPR'22:
     128-d, c = 0.1, clip radius 2.3).
@@ -62,10 +72,31 @@ class HyperbolicEmbeddingHead(nn.Module):
     the clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
     object in use either way. Returns a plain tensor of ball points, or a hypll ``ManifoldTensor`` on
     ``head.geometry`` with ``return_manifold_tensor=True`` (for hypll layers downstream).
+
+    Args:
+        in_features: width of the backbone features.
+        out_features: embedding dimension, default 128.
+        c: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference) or a curvature
+            magnitude; default 0.1. See :class:`ToPoincare`.
+        clip_r: clip radius; unset: 2.3 (``None``: no clipping). Not with a geometry.
+        learnable_c: learn the curvature; unset: False. Not with a geometry.
+        clip: ``"hard"`` (unset), ``"tanh"`` or ``None``. Not with a geometry.
+        radius: ``"learned"`` (the polar head, default) or ``"norm"`` (the papers' head).
+        radial_hidden: hidden width of :class:`RadialConfidence` (``radius="learned"`` only).
+        radial_init_logit: starting logit of :class:`RadialConfidence`.
+        return_manifold_tensor: return a hypll ``ManifoldTensor`` instead of a plain tensor.
+
+    Raises:
+        ValueError: an unknown ``radius``, ``radial_hidden < 1``, or any error of
+            :class:`ToPoincare`.
+
+    Design note: docs/design/heads.md
     """
 
-    def __init__(self, in_features: int, out_features: int = 128, c=DEFAULT_CURVATURE, clip_r=_UNSET,
-                 learnable_c=_UNSET, clip=_UNSET, radius: str = "learned", radial_hidden: int = 64,
+    def __init__(self, in_features: int, out_features: int = 128,
+                 c: float | Tensor | PoincareGeometry | nn.Module = DEFAULT_CURVATURE,
+                 clip_r: float | None | _Unset = _UNSET, learnable_c: bool | _Unset = _UNSET,
+                 clip: str | None | _Unset = _UNSET, radius: str = "learned", radial_hidden: int = 64,
                  radial_init_logit: float = 0.0, return_manifold_tensor: bool = False):
         super().__init__()
         if radius not in RADIUS_MODES:
@@ -77,7 +108,8 @@ class HyperbolicEmbeddingHead(nn.Module):
         self.return_manifold_tensor = bool(return_manifold_tensor)
 
     @property
-    def geometry(self):
+    def geometry(self) -> PoincareGeometry:
+        """The geometry in use (the one passed as ``c``, or the head's own)."""
         return self.to_poincare.geometry
 
     @property
@@ -99,7 +131,12 @@ class HyperbolicEmbeddingHead(nn.Module):
 
 
 class SphericalEmbeddingHead(nn.Module):
-    """The "Sph-" baseline head: the same ``Linear`` then L2 normalisation onto the unit sphere."""
+    """The "Sph-" baseline head: the same ``Linear`` then L2 normalisation onto the unit sphere.
+
+    Args:
+        in_features: width of the backbone features.
+        out_features: embedding dimension, default 128.
+    """
 
     def __init__(self, in_features: int, out_features: int = 128):
         super().__init__()

@@ -1,19 +1,65 @@
-"""Map Euclidean features into the Poincaré ball."""
+"""Map Euclidean features into the Poincaré ball.
+
+Design note: docs/design/heads.md
+"""
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .. import poincare_ball as pb
 from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry
 
-_UNSET = object()
+
+class _Unset:
+    """The "argument not given" marker of the heads' keyword arguments (``None`` is a value there:
+    ``clip_r=None`` means no clipping). One instance, compared by identity; it pickles to itself and
+    reads ``<unset>`` in ``help()``."""
+
+    __slots__ = ()
+    _instance: "_Unset | None" = None
+
+    def __new__(cls) -> "_Unset":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+    def __reduce__(self):
+        return (_Unset, ())
+
+    def __copy__(self) -> "_Unset":
+        return self
+
+    def __deepcopy__(self, memo) -> "_Unset":
+        return self
 
 
-def resolve_geometry(c, clip_r=_UNSET, learnable_c=_UNSET, clip=_UNSET, default_clip="hard") -> PoincareGeometry:
-    """The :class:`PoincareGeometry` a head uses: ``c`` itself when it is one (then the clipping and
-    learnability are that object's, and passing them again is an error), else a new one built from
-    the float / tensor / hypll curvature and the given clipping."""
+_UNSET = _Unset()
+
+
+def resolve_geometry(c: float | Tensor | PoincareGeometry | nn.Module, clip_r: float | None | _Unset = _UNSET,
+                     learnable_c: bool | _Unset = _UNSET, clip: str | None | _Unset = _UNSET,
+                     default_clip: str | None = "hard") -> PoincareGeometry:
+    """The :class:`PoincareGeometry` a head uses.
+
+    Args:
+        c: a ``PoincareGeometry`` (returned as is: the clipping and learnability are that object's),
+            or a float / 0-d tensor / hypll curvature from which a new geometry is built.
+        clip_r: clip radius of the new geometry; unset: ``DEFAULT_CLIP_R``.
+        learnable_c: learn the new geometry's curvature; unset: ``False``.
+        clip: clipping mode of the new geometry; unset: ``default_clip``.
+        default_clip: the clipping mode used when ``clip`` is unset.
+
+    Returns:
+        ``c`` itself, or the new geometry.
+
+    Raises:
+        ValueError: ``clip_r``, ``learnable_c`` or ``clip`` given together with a geometry, or
+            rejected by :class:`PoincareGeometry`.
+    """
     if isinstance(c, PoincareGeometry):
         given = [n for n, v in (("clip_r", clip_r), ("learnable_c", learnable_c), ("clip", clip)) if v is not _UNSET]
         if given:
@@ -38,15 +84,24 @@ class ToPoincare(nn.Module):
     Args:
         c: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference: the clipping
             and the curvature are then that object's), or a curvature magnitude (float, tensor or
-            hypll object) from which a private geometry is built.
-        clip_r: clipping radius (> 0); with ``clip=None`` no clipping. ``clip_r=None`` also means no
-            clipping (the older spelling). ``clip_r <= 0`` is an error (one public implementation
-            treats 0 as "off" but maps every feature to the origin).
-        learnable_c: learn c (stored as log c in the geometry's hypll ``Curvature``).
-        clip: ``"hard"`` (default here: the papers' head), ``"tanh"`` or ``None``.
+            hypll object) from which a private geometry is built; default 0.1.
+        clip_r: clipping radius (> 0); unset: 2.3 (Hyp-ViT's). ``clip_r=None`` means no clipping
+            (as ``clip=None``). ``clip_r <= 0`` is an error rather than "off": a radius of 0 would
+            map every feature to the origin.
+        learnable_c: learn c (stored as log c in the geometry's hypll ``Curvature``); unset: False.
+        clip: ``"hard"`` (unset: the papers' head), ``"tanh"`` or ``None``.
+
+    Raises:
+        ValueError: ``clip_r <= 0``; ``clip_r``, ``learnable_c`` or ``clip`` given with a
+            ``PoincareGeometry``; an invalid curvature or clipping mode. At call time, features that
+            hold NaN or Inf.
+
+    Design note: docs/design/heads.md
     """
 
-    def __init__(self, c=DEFAULT_CURVATURE, clip_r=_UNSET, learnable_c=_UNSET, clip=_UNSET):
+    def __init__(self, c: float | Tensor | PoincareGeometry | nn.Module = DEFAULT_CURVATURE,
+                 clip_r: float | None | _Unset = _UNSET, learnable_c: bool | _Unset = _UNSET,
+                 clip: str | None | _Unset = _UNSET):
         super().__init__()
         if clip_r is None and clip is _UNSET:
             clip = None
@@ -60,7 +115,8 @@ class ToPoincare(nn.Module):
         return self.geometry.curvature()
 
     @property
-    def clip_r(self):
+    def clip_r(self) -> float | None:
+        """The geometry's clip radius (``None``: no clipping)."""
         return self.geometry.clip_r
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from pytorch_metric_learning.reducers import MultipleReducers
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 
-def check_positive(value, name: str) -> float:
+def check_positive(value: float, name: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -18,7 +18,7 @@ def check_positive(value, name: str) -> float:
     return v
 
 
-def check_nonnegative(value, name: str) -> float:
+def check_nonnegative(value: float, name: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -33,12 +33,13 @@ def as_compute(mat: torch.Tensor) -> torch.Tensor:
     return mat.float() if mat.dtype in (torch.float16, torch.bfloat16) else mat
 
 
-def check_labels(labels, n: int, name: str = "labels") -> None:
+def check_labels(labels: torch.Tensor | None, n: int, name: str = "labels") -> None:
     if labels is not None and (labels.ndim != 1 or labels.shape[0] != n):
         raise ValueError(f"{name} must be a 1-D tensor of length {n}, got shape {tuple(labels.shape)}")
 
 
-def pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels):
+def pair_masks(embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+               ref_emb: torch.Tensor, ref_labels: torch.Tensor):
     """Boolean (B, R) masks of positive and negative pairs, PML style.
 
     Without ``indices_tuple``: label equality, the diagonal excluded when ``ref_emb`` is the batch
@@ -70,7 +71,7 @@ def similarity_logits(mat: torch.Tensor, is_inverted: bool) -> torch.Tensor:
     return mat if is_inverted else -mat
 
 
-def sub_loss_reducer_type(loss_fn, name: str = "loss") -> type:
+def sub_loss_reducer_type(loss_fn: torch.nn.Module, name: str = "loss") -> type:
     """Type of the reducer PML will apply to sub-loss ``name`` (looks inside ``MultipleReducers``,
     which PML builds as soon as a loss has several sub-losses, e.g. with an embedding regularizer).
 

@@ -27,7 +27,7 @@ class UncertaintyFactorMixin:
             return 0.1
         return c.detach() if isinstance(c, torch.Tensor) else c
 
-    def uncertainty_factor(self, embeddings):
+    def uncertainty_factor(self, embeddings: torch.Tensor):
         """(B,) log(U_i / max_B U + 1) (guarded; see ``uncertainty_ratio_log``)."""
         with warnings.catch_warnings():
             # the literal-mode warning is re-issued below once per call with the loss's context

@@ -1,6 +1,8 @@
 """PML's CrossBatchMemory, accepting this package's losses."""
 from __future__ import annotations
 
+import torch
+
 from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import REFERENCE_SET_LOSSES
@@ -20,10 +22,14 @@ class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
     and no given pairs, a :class:`PairwiseCrossEntropyLoss` gets no pair list. PML would list every
     (query, memory entry) pair, four index tensors of B × memory entries (4.2 million each at batch 64
     and HCL's queue of 65,536), which that loss turns back into the label-equality masks it builds
-    without them (``python bench/hcl_queue.py``).
+    without them.
+
+    Design note: docs/design/losses.md
     """
 
-    def create_indices_tuple(self, embeddings, labels, E_mem, L_mem, input_indices_tuple, do_remove_self_comparisons):
+    def create_indices_tuple(self, embeddings: torch.Tensor, labels: torch.Tensor, E_mem: torch.Tensor,
+                             L_mem: torch.Tensor, input_indices_tuple: tuple | None,
+                             do_remove_self_comparisons: bool):
         if (self.miner is None and input_indices_tuple is None and not do_remove_self_comparisons
                 and isinstance(self.loss, PairwiseCrossEntropyLoss) and not self.loss.view_pairs):
             return None

@@ -29,20 +29,19 @@ class DegradedCopyRadiusLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     are not used. :class:`~pml_hyperbolic.training.degraded_copy_trainer.DegradedCopyTrainer` makes
     the pairs inside the training step.
 
-    Why: trained by a metric loss alone, the radius of a corrupted query drops only slightly (the
-    degraded copy lies nearer the origin in 72–91 % of pairs, but the shift is small against the
-    spread between images), so "clean vs degraded" is separated with AUROC ≈ 0.7
-    (``bench/radius_probes.py``). This hinge asks for a fixed gap. It teaches the corruption
-    families it sees: a family left out of training is not separated better than without the term
-    (``bench/radius.py --leave-one-out``).
+    Why: trained by a metric loss alone, the radius of a corrupted query drops only slightly
+    against the spread between images, so the radius separates clean from degraded inputs poorly.
+    This hinge asks for a fixed gap. It teaches the corruption families it sees, not unseen ones.
 
     Args:
         c: the head's :class:`~pml_hyperbolic.geometry.PoincareGeometry` (by reference; its
             curvature gives d₀).
         margin: m ≥ 0 in units of d₀, default 0.2 (with c = 0.1 and clip radius 2.3, d₀ ≤ 4.6).
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, c=None, margin=0.2, **kwargs):
+    def __init__(self, c: PoincareGeometry | None = None, margin: float = 0.2, **kwargs):
         if not isinstance(c, PoincareGeometry):
             raise ValueError("DegradedCopyRadiusLoss needs the head's PoincareGeometry as c=, got "
                              f"{type(c).__name__}")
@@ -54,7 +53,8 @@ class DegradedCopyRadiusLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def get_default_reducer(self):
         return MeanReducer()
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         if ref_emb is embeddings:
             raise ValueError("DegradedCopyRadiusLoss needs ref_emb: the degraded copies, row-aligned with "
                              "embeddings (loss(clean, ref_emb=degraded))")

@@ -59,59 +59,26 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     \Sigma x^2 - 2\mu\Sigma x + n\mu^2`) and returned "already_reduced"; other reducers get the
     per-pair elements.
 
-    **Default Ω = 1.2, not the paper's 10** (``omega=10.0`` gives the paper's loss). Ω sets the
-    distance ratios asked between similarity levels, 1 : Ω : Ω² : …; Ω = 10 asks for 1 : 10 : 100,
-    which the data cannot reach. Measured on the bundled glyphs (frozen MobileNetV2 features, 128-d
-    ``HyperbolicEmbeddingHead``, c = 0.1, labels (character, radical), 300 steps): at the end of
-    training 100 % of the dense triplets are still short of their target (mean residual −2.5
-    nats), with the clip radius 2.3 or without clipping alike. With every residual of one sign the
-    squared log-ratio no longer regresses the ratios: it only raises log D_il − log D_ij, and the
-    optimiser gets that where the Poincaré distance is (near-)linear — it collapses the batch there.
-    The papers' clipped head (``radius="norm"``, every point on the clip sphere) collapses the
-    *directions* into a small cap (mean pairwise cosine 0.95; on that sphere D(1°) = 0.11,
-    D(10°) = 1.1 but D(90°) = 7.3, D(180°) = 9.2, so ratios are only available at small angles);
-    the polar head collapses the *radius* (‖z‖√c 0.35 → 0.12, near the origin where the ball is
-    flat). Either way the level distances end at 1 : 1.5 : 1.9 instead of 1 : 10 : 100 and
-    Recall@1 falls below the untrained features. ε is not the cause (ε = 0.1 or 1: same Recall@1).
-    Ω was chosen on a **validation split of the training characters** (32 of the 160 held out,
-    hard protocol; the test characters never enter the choice):
-    ``OMP_NUM_THREADS=1 python bench/log_ratio_omega.py`` (Ω grid, seeds 0–4, ≈ 4 min on 2 cores;
-    its docstring has the full table with the diagnostics). Validation / test Recall@1 (%), mean
-    of seeds 0–4, default head (test only reported):
-
-    ================================  ==========  ========
-    setting                           val R@1     test R@1
-    ================================  ==========  ========
-    pooled 1280-d features, cosine    30.2        15.5
-    untrained head                    27.6        13.8
-    Ω = 10 (paper)                    28.2        9.5
-    Ω = 4                             31.7        11.4
-    Ω = 2                             37.7        16.9
-    Ω = 1.5                           42.0        20.4
-    Ω = 1.4                           44.5        21.8
-    Ω = 1.3                           44.4        21.9
-    Ω = 1.25                          44.4        22.6
-    **Ω = 1.2**                       **44.6**    22.6
-    Ω = 1.15                          43.6        22.1
-    Ω = 1.1                           41.0        21.3
-    Ω = 1.2, ε = 1                    43.9        21.6
-    ================================  ==========  ========
-
-    The papers' head (``--radius norm``, seeds 0–2) also picks Ω = 1.2 on validation (42.9 val /
-    22.9 test, vs 23.6 / 9.1 for Ω = 10; untrained 27.8 / 13.4). At Ω = 1.2 the level distances
-    end at 1 : 1.14 : 1.24 (asked 1 : 1.2 : 1.44) with no collapse (mean cosine 0.28, ‖z‖√c at
-    the clip). ε stays 1e-6: ε = 1 was not better on validation and makes the loss depend on the
-    distance scale (the embeddings shrink towards the origin).
+    Why the default Ω is 1.2, not the paper's 10: Ω sets the distance ratios asked between
+    similarity levels, 1 : Ω : Ω² : …; ratios as large as 1 : 10 : 100 cannot be reached, so every
+    residual keeps one sign and the squared log-ratio stops regressing the ratios: it only pushes
+    log D_il − log D_ij up, which the optimiser gets by collapsing the batch where the distance is
+    nearly linear. Ω was chosen on a validation split of the training classes.
 
     Args:
-        omega: Ω > 1, default 1.2 (chosen on validation, above); the paper's best is 10 (its
-            Fig. 7: 2, 10, 100, 1000 tested on CUB): pass ``omega=10.0``.
+        omega: Ω > 1, default 1.2; ``omega=10.0`` gives the paper's setting.
         eps: ε > 0 added to distances inside both logs (log 0 guard), default 1e-6.
-        distance: default ``PoincareDistance(c=0.1)`` (the paper embeds in the Poincaré ball; its
-            Eq. (5) writes the norm, its model the hyperbolic distance).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=0.1)``: the paper embeds in the Poincaré ball; ``reducer``, ...).
+
+    Raises:
+        ValueError: ``omega`` ≤ 1 or ``eps`` ≤ 0; at call time, a ``distance`` that is a similarity
+            (``is_inverted``), or ``labels`` / ``ref_labels`` with different numbers of levels.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, omega=1.2, eps=1e-6, **kwargs):
+    def __init__(self, omega: float = 1.2, eps: float = 1e-6, **kwargs):
         super().__init__(**kwargs)
         omega = check_positive(omega, "omega")
         if not omega > 1:
@@ -130,7 +97,9 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _as_levels(labels, n, name):
         return as_hierarchical_labels(labels, name, n)
 
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None,
+                indices_tuple: tuple | None = None, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None):
         """As PML's forward, but ``labels``/``ref_labels`` may be (N, K) hierarchical labels."""
         self.reset_stats()
         levels = self._as_levels(labels, embeddings.shape[0], "labels").to(embeddings.device)
@@ -145,7 +114,8 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, levels[:, 0])
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         levels = self._as_levels(labels, embeddings.shape[0], "labels")
         ref_levels = self._as_levels(ref_labels, ref_emb.shape[0], "ref_labels")
         s = pairwise_first_shared_level(levels, ref_levels)

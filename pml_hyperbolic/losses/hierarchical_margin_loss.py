@@ -1,4 +1,7 @@
-"""Hierarchical-margin contrastive loss (supervised extension of Yan et al., CVPR 2021, Sec. 3.5)."""
+"""Hierarchical-margin loss (supervised extension of Yan et al., CVPR 2021, Sec. 3.5).
+
+Design note: docs/design/losses.md
+"""
 from __future__ import annotations
 
 import torch
@@ -19,7 +22,7 @@ def _count_below(sorted_rows: torch.Tensor, values: torch.Tensor) -> torch.Tenso
     """(B, R) int64: #{m : sorted_rows[b, m] < values[b, r]} (``searchsorted``, side "left").
 
     For a few thresholds per row (K ≤ 32, e.g. the positives of an anchor) K comparisons over the
-    (B, R) matrix are ~5× faster on CPU than aten's per-element binary search."""
+    (B, R) matrix are faster on CPU than aten's per-element binary search."""
     k = sorted_rows.shape[1]
     if k > 32:
         return torch.searchsorted(sorted_rows, values.contiguous(), side="left")
@@ -96,58 +99,12 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             + \operatorname{red}_{(i,l) \in N}[M_n(y_i, y_l) - D_{il}]_+
 
       ``HierarchicalMarginLoss(num_classes, gamma=0.1, margin_form="contrastive")`` with 1-D labels
-      is Eq. (8)-(9) exactly as written (the paper gives no value of γ; 0.1 is ours). This was the
-      only form, and γ = 0.1 the default, before 2026-11-25.
+      is Eq. (8)-(9) exactly as written (the paper gives no value of γ).
 
-    **Why the default is the triplet form** (measured, bundled glyphs, head only on frozen
-    MobileNetV2 features, default polar ``HyperbolicEmbeddingHead`` (``radius="learned"``), c = 0.1;
-    128 train / 32 validation characters carved from the training classes; 300 steps; seed 0 traces
-    and means of seeds 0–4; ``OMP_NUM_THREADS=1 python bench/log_ratio_omega.py --margin-only
-    --gammas 0,0.05,0.1,0.5,1 --level-gammas default [--margin-kwargs "margin_form='contrastive'"]
-    [--radius norm]``; the per-step traces: the running margins of a seed-0 training loop).
-    :math:`M_n` is a *gap* (a difference of two distances) that the contrastive form compares with
-    an absolute distance. At initialisation d_a ≈ 2.16, d_ab ≈ 2.28 (not 0), so M_p ≈ 2.26 and
-    M_n ≈ 0.22 against negative distances ≈ 2.28: 0 % of the negative pairs are active and 44 % of
-    the positives are, so the only force is the pull. In 25 steps every distance shrinks to ≈ 0.16
-    (‖z‖√c 0.35 → 0.06, mean cosine 0.56 → 0.98) and the running means follow, so the margins keep
-    asking for the same fraction: the loss only fixes the scale at ≈ γ and never separates classes
-    (validation R@1 seed 0: 29.7 → 27.1). A larger γ does not help: γ = 1 puts M_p above almost
-    every positive distance and M_n below every negative one (≤ 1 % of the pairs active), and
-    measuring M_n from M_p (threshold d_ab + 2γ) makes every negative active at every step (a plain
-    "push everything apart", no separation either; seed 0, γ = 0.1 / 0.5 / 2: 30.2 / 27.1 / 28.6).
-    The triplet form compares D_il with D_ij, so it is scale free and keeps separating: seed 0,
-    γ = 0.1: 39.1 validation, mean cosine 0.2, no collapse.
-
-    Validation / test Recall@1 (%), mean of seeds 0–4 (test selects nothing); the (N, 2) column
-    uses (character, radical) labels with δ = γ:
-
-    ===============================================================  ============  ============
-    setting                                                          1-D labels    (N, 2), δ = γ
-    ===============================================================  ============  ============
-    pooled 1280-d features, cosine (no training)                     30.2 / 15.5
-    untrained head                                                   27.6 / 13.8
-    ``"contrastive"``, γ = 0.1 (the paper's form; old default)        29.8 / 12.2   32.7 / 14.8
-    ``"contrastive"``, γ = 0.5                                        30.9 / 13.9   30.6 / 14.9
-    ``"contrastive"``, γ = 1                                          29.1 / 13.2
-    ``"triplet"``, γ = 0                                              43.4 / 21.0   = 1-D (δ = 0)
-    **``"triplet"``, γ = 0.05 (default)**                             **43.6 / 20.6**  42.2 / 19.4
-    ``"triplet"``, γ = 0.1                                            42.1 / 19.5   39.4 / 17.4
-    ``"triplet"``, γ = 0.5                                            39.1 / 15.4   38.1 / 13.7
-    ``"triplet"``, γ = 1                                              38.2 / 13.7   34.1 / 11.2
-    papers' head (``radius="norm"``): untrained                      27.4 / 13.6
-    papers' head: ``"contrastive"``, γ = 0.1                          36.7 / 16.0   35.6 / 16.4
-    papers' head: ``"triplet"``, γ = 0.1                              42.8 / 20.4   41.7 / 18.9
-    ===============================================================  ============  ============
-
-    So the defaults are ``margin_form="triplet"`` and γ = 0.05 (the best validation mean; γ = 0,
-    0.05 and 0.1 are within the seed spread, e.g. 39.1–47.9 validation at γ = 0.05), δ = γ. On the
-    papers' head, whose radius is pinned at the clip, the contrastive form cannot shrink the radius
-    and collapses the directions instead (mean cosine 0.99, distances ≈ 0.6–0.9), still ending above
-    the untrained features there; the polar head's learned radius lets it collapse to the origin.
-    The (N, 2) labels do not help on this data in the triplet form (only 2.5 % of the pairs of
-    distinct training characters share a radical — 128 characters, 32 radicals — so δ mostly acts
-    as a larger γ). Hyp-ViT's pairwise
-    cross-entropy reaches about 46 / 24 in the same protocol.
+    Why the triplet form is the default: :math:`M_n` is a *gap* (a difference of two distances),
+    which the contrastive form compares with an absolute distance, so that form can be met by
+    shrinking every distance to the scale of γ without separating the classes; the triplet form
+    compares :math:`D_{il}` with :math:`D_{ij}`, is scale free, and keeps separating.
 
     **Reduction.** Default ``AvgNonZeroReducer`` (mean over the non-zero hinges of each sub-loss).
     With it and no ``indices_tuple`` the sub-losses are reduced on dense hinge matrices and returned
@@ -159,51 +116,51 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     **Running estimates.** Buffers ``intra_mean`` (C,) and ``inter_mean`` (C, C) (with ``*_seen``
     flags) hold exponential moving averages. Each training-mode forward computes the batch's
     class-pair means from the *detached* distance matrix (pairs between ``embeddings`` and
-    ``ref_emb``; self-pairs excluded; per-class sums by ``index_add``) and, for every (class, class) pair present, sets
+    ``ref_emb``; self-pairs excluded) and, for every (class, class) pair present, sets
     ``est ← momentum·est + (1 − momentum)·batch`` (or ``est ← batch`` the first time). The margins
     use the updated estimates; classes never seen with ≥ 2 samples have d_a = 0. In eval mode the
     buffers are frozen. They are registered buffers, so ``state_dict`` checkpoints them.
-    ``track_inter_class=False`` skips the (C, C) buffer (for very many classes, e.g. SOP's 11 318
-    → 512 MB) and uses the current batch's d_ab.
 
     **Hierarchical (N, K) labels.** ``labels`` may also be (N, K): column k = cluster / class id at
     level k, finest first (the convention of :mod:`pml_hyperbolic.miners.hierarchy` and
-    ``HierarchicalLogRatioLoss``). Column 0 is the class: it alone defines positives (s = 1),
-    the class-mean buffers and the [0, C) range check. A negative pair (i, l) gets the similarity
+    ``HierarchicalLogRatioLoss``). Column 0 is the class: it alone defines positives, the
+    class-mean buffers and the [0, C) range check. A negative pair (i, l) gets the similarity
     level s_il ∈ {2, …, K + 1} at which i and l first share a cluster
-    (:func:`~pml_hyperbolic.miners.hierarchy.pairwise_first_shared_level`; K + 1 = never) and the
+    (:func:`~pml_hyperbolic.hierarchy_levels.pairwise_first_shared_level`; K + 1 = never) and the
     negative margin
 
     .. math::
         M_n(i, l) = d_{y_i y_l} - d_{y_i} + \gamma + \delta\,(s_{il} - 2)
 
-    with δ = ``level_gamma`` (default γ, i.e. :math:`M_n = d_{y_i y_l} - d_{y_i} + \gamma\,(s_{il} - 1)`).
-    This is Eq. (9) of Yan et al. (CVPR'21, Sec. 3.5) with its constant γ made level dependent: a
-    negative that shares only a coarser cluster (larger s_il) is pushed further. Yan et al. give
-    no N × K formula; the growth with the merge level follows the hierarchical triplet loss their
-    γ refers to (Ge, ECCV'18, their ref. [12], whose violate margin β + d_H(y_a, y_n) − S_{y_a}
-    takes d_H from the level of the class tree at which the anchor's and the negative's classes
-    merge, so it grows with that level). The nearest negatives (s_il = 2, same
-    level-2 cluster) keep exactly Eq. (9); 1-D labels (K = 1, every negative has s = 2) give
-    exactly the flat loss, and so does K = 1 given as (N, 1). (``HyperbolicCrossBatchMemory``
-    stores 1-D labels: use it with 1-D labels only.) The level term enters the triplet form's
-    margin the same way. Contrastive form, (character, radical) labels, γ = 0.1, same protocol:
-    δ = 0.1 32.7 / 14.8, δ = 0.5 30.8 / 13.9, δ = 1 33.4 / 15.3 (validation / test R@1).
+    with δ = ``level_gamma``. This is Eq. (9) with its constant γ made level dependent, as in the
+    hierarchical triplet loss its γ refers to (a negative that shares only a coarser cluster is
+    pushed further). The nearest negatives (s_il = 2) keep exactly Eq. (9); 1-D labels, or (N, 1),
+    give exactly the flat loss. The level term enters both forms' negative margin the same way.
+    (``HyperbolicCrossBatchMemory`` stores 1-D labels: use it with 1-D labels only.)
 
     Args:
-        num_classes: C, labels (column 0 of (N, K) labels) must lie in [0, C).
-        gamma: γ ≥ 0, default 0.05 (chosen on validation, above; the paper defers to its
-            ref. [12] without a value; pass 0.1 for the setting measured before 2026-11-25).
-        momentum: EMA momentum in [0, 1), default 0.9.
+        num_classes: C; labels (column 0 of (N, K) labels) must lie in [0, C).
+        gamma: γ ≥ 0, the constant of both margins; default 0.05 (the paper gives no value).
+        momentum: EMA momentum of the running class means, in [0, 1); default 0.9.
+        track_inter_class: keep the (C, C) running ``inter_mean``; ``False`` uses the current
+            batch's d_ab instead (for very many classes, e.g. SOP's 11 318: a 512 MB buffer).
         level_gamma: δ ≥ 0, the margin added per hierarchy level beyond the first shared one
-            (N × K labels only); default ``None`` = γ.
-        margin_form: ``"triplet"`` (default) or ``"contrastive"`` (the paper's Eq. (8)-(9) as
-            written, integrated into the contrastive loss; see above).
-        distance: default ``PoincareDistance(c=0.1)``.
+            ((N, K) labels only); ``None`` (default): δ = γ.
+        margin_form: ``"triplet"`` (default) or ``"contrastive"`` (Eq. (8)-(9) as written).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=0.1)``; ``reducer``; ``embedding_regularizer``, ...).
+
+    Raises:
+        ValueError: ``margin_form`` unknown, ``num_classes`` not a positive int, ``gamma`` or
+            ``level_gamma`` negative, ``momentum`` outside [0, 1); at call time, labels outside
+            [0, C) or without labels.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, num_classes, gamma=0.05, momentum=0.9, track_inter_class=True, level_gamma=None,
-                 margin_form="triplet", **kwargs):
+    def __init__(self, num_classes: int, gamma: float = 0.05, momentum: float = 0.9,
+                 track_inter_class: bool = True, level_gamma: float | None = None,
+                 margin_form: str = "triplet", **kwargs):
         if margin_form not in MARGIN_FORMS:
             raise ValueError(f"margin_form must be one of {MARGIN_FORMS}, got {margin_form!r}")
         self.margin_form = margin_form  # before super().__init__: it calls _sub_loss_names()
@@ -246,7 +203,9 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _as_levels(labels, n, name):
         return as_hierarchical_labels(labels, name, n)
 
-    def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None,
+                indices_tuple: tuple | None = None, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None):
         """As PML's forward, but ``labels``/``ref_labels`` may be (N, K) hierarchical labels."""
         if labels is not None:
             self._as_levels(labels, embeddings.shape[0], "labels")  # one clear error for float/bool labels
@@ -262,7 +221,8 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.add_embedding_regularization_to_loss_dict(loss_dict, embeddings)
         return self.reducer(loss_dict, embeddings, levels[:, 0])
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         if labels is None or ref_labels is None:
             raise ValueError("labels are required (class-mean margins)")
         level_extra = None  # (B, R) δ·(s − 2) for (N, K) labels with K ≥ 2 (and δ > 0), else None: flat loss

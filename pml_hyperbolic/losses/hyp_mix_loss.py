@@ -2,6 +2,8 @@
 through Hard Negative Sampling")."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..distances.mixed_geometry_distance import MixedGeometryDistance
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 
@@ -18,13 +20,31 @@ class HypMixLoss(PairwiseCrossEntropyLoss):
     the **Euclidean** head output Wf (e.g. ``SphericalEmbeddingHead`` or a plain Linear): the
     distance normalises it and maps it into the ball itself.
 
-    Args (used only when ``distance`` is None): c = 0.1, lam = 3.0 (paper: 3 CUB, 8 Cars/SOP; tested
-    1–10), tau_e = 0.05, tau_h = 0.2 (paper, Sec. 4), learnable_lambda = False, clip_r = 2.3.
-    ``view_pairs`` as in :class:`PairwiseCrossEntropyLoss`. A given ``distance`` is used as is.
+    ``c``, ``lam``, ``tau_e``, ``tau_h``, ``learnable_lambda`` and ``clip_r`` build the distance and
+    are used only when ``distance`` is None; a given ``distance`` is used as is.
+
+    Args:
+        c: curvature, or a sequence of curvatures to mix; default 0.1.
+        lam: λ ≥ 0 (one, or one per curvature); default 3.0 (paper: 3 on CUB, 8 on Cars/SOP).
+        tau_e: spherical temperature, default 0.05 (paper, Sec. 4).
+        tau_h: hyperbolic temperature, default 0.2 (paper, Sec. 4).
+        learnable_lambda: make λ a parameter of the distance.
+        clip_r: the clip radius applied before the ball map (``None``: no clipping); default 2.3.
+        view_pairs: as in :class:`PairwiseCrossEntropyLoss`.
+        distance: a ready :class:`~pml_hyperbolic.distances.MixedGeometryDistance`.
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``reducer``, ...).
+
+    Raises:
+        ValueError: as :class:`~pml_hyperbolic.distances.MixedGeometryDistance` for invalid
+            curvatures, λ or temperatures.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, c=0.1, lam=3.0, tau_e=0.05, tau_h=0.2, learnable_lambda=False, clip_r=2.3,
-                 view_pairs=False, distance=None, **kwargs):
+    def __init__(self, c: float | Sequence[float] = 0.1, lam: float | Sequence[float] = 3.0,
+                 tau_e: float = 0.05, tau_h: float = 0.2, learnable_lambda: bool = False,
+                 clip_r: float | None = 2.3, view_pairs: bool = False,
+                 distance: MixedGeometryDistance | None = None, **kwargs):
         if distance is None:
             distance = MixedGeometryDistance(c=c, lam=lam, tau_e=tau_e, tau_h=tau_h,
                                              learnable_lambda=learnable_lambda, clip_r=clip_r)

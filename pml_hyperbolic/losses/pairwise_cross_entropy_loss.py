@@ -30,7 +30,6 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     Args:
         temperature: τ > 0, default 0.2 (Hyp-ViT, c = 0.1, Sec. 4 / authors' code).
-        distance: default ``PoincareDistance(c=0.1)`` (Hyp-ViT).
         view_pairs: the authors' multi-view formulation. The batch is seen as (classes, m): each class
             must occur exactly m ≥ 2 times (view v of a class = its v-th occurrence in batch order).
             For every ordered pair of views (v, w), v ≠ w, a cross-entropy with anchor view v of each
@@ -43,11 +42,19 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             :math:`L_{a,u} = \log\sum_{k \in \text{view } u,\, k \ne a} e^{\text{logit}_{ak}}`
             (one (B, m) per-view log-sum-exp after one regrouping copy of the logits), the
             denominator of (v → w) for anchor a is ``logaddexp(L[a, v], L[a, w])``: O(B²) + O(B·m).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=0.1)`` as Hyp-ViT; ``reducer``, ...).
+
+    Raises:
+        ValueError: ``temperature`` ≤ 0; at call time with ``view_pairs``, a batch whose classes do
+            not all occur the same number m ≥ 2 of times, or a ``ref_emb`` / ``indices_tuple``.
 
     Memory: one (B, R) logit matrix (PML's ``NTXentLoss`` builds O(B³)); two with ``view_pairs``.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, temperature=0.2, view_pairs=False, **kwargs):
+    def __init__(self, temperature: float = 0.2, view_pairs: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.temperature = check_positive(temperature, "temperature")
         self.view_pairs = bool(view_pairs)
@@ -59,11 +66,12 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def get_default_reducer(self):
         return MeanReducer()
 
-    def logits(self, embeddings, ref_emb):
+    def logits(self, embeddings: torch.Tensor, ref_emb: torch.Tensor):
         """(B, R) similarity logits, larger = more similar, float32 or wider."""
         return similarity_logits(self.distance(embeddings, ref_emb), self.distance.is_inverted) / self.temperature
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         if self.view_pairs:
             if ref_emb is not embeddings or indices_tuple is not None:
                 raise ValueError("view_pairs=True supports neither ref_emb nor indices_tuple")

@@ -56,15 +56,13 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     q is the soft "a neighbour of the same class comes first" (softmax mass on the positives; ``sg``:
     no gradient, the target only moves the radius). Hyp-UML reads the uncertainty off the distance to
-    the origin d₀; trained by a metric loss alone the radius ranks failures only weakly
-    (``bench/radius.py``). This term asks, for every pair of anchors, that the better retrieved one sit
-    farther from the origin (more certain). Only the *order* of the radii is trained, not their level,
-    so the metric loss keeps the scale of the distances.
+    the origin d₀; trained by a metric loss alone the radius ranks failures only weakly. This term
+    asks, for every pair of anchors, that the better retrieved one sit farther from the origin (more
+    certain). Only the *order* of the radii is trained, not their level, so the metric loss keeps
+    the scale of the distances.
 
-    Why a ranking and not a regression of d₀/d₀max on q (binary cross-entropy, commit 948ac9c): the
-    regression pulled every radius inward (early in training most q are small), which shrinks all
-    distances: in the main job (``python recipes/hyp_uml_cars.py``) the median d₀ fell to 1.23 and
-    Recall@1 to 0.182, against 2.12 and 0.198 with this form.
+    Why a ranking and not a regression of d₀/d₀max on q: a regression pulls every radius inward
+    (early in training most q are small), which shrinks all distances and costs recall.
 
     Anchors without a positive in the reference set are left out (their q would be 0 by construction);
     a batch with fewer than two anchors gives ``zero_losses()``. ``indices_tuple`` (a miner's pairs)
@@ -75,10 +73,17 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             gives d₀ and the distances).
         temperature: τ > 0 of the soft top-1, default 0.2 (Hyp-ViT's).
         scale: s > 0, the radius gap (in units of d₀) over which the logistic saturates, default 0.1.
-        distance: default ``PoincareDistance(c=c)``.
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=c)``; ``reducer``, ...).
+
+    Raises:
+        ValueError: ``c`` is not a ``PoincareGeometry``, or ``temperature`` / ``scale`` ≤ 0.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, c=None, temperature=0.2, scale=0.1, **kwargs):
+    def __init__(self, c: PoincareGeometry | None = None, temperature: float = 0.2, scale: float = 0.1,
+                 **kwargs):
         if not isinstance(c, PoincareGeometry):
             raise ValueError("RadialCalibrationLoss needs the head's PoincareGeometry as c= (shared by reference "
                              f"with the head), got {type(c).__name__}")
@@ -92,7 +97,8 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def get_default_reducer(self):
         return MeanReducer()
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         anchors = torch.where(pos.any(dim=1))[0]
         if len(anchors) < 2:

@@ -20,8 +20,7 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
 
     Hyp-UML Eq. (6) writes :math:`\tau = \log(U_i/\max U + 1)/\mathrm{scale}` with :math:`U = 1 - D(x, 0)`.
     Both parts are unusable as written (see :mod:`pml_hyperbolic.uncertainty`): ``mode`` picks U
-    (default: the sound ``"clip"`` normalisation; ``bench/uncertainty_modes.py`` finds no mode
-    better than another beyond seed noise;
+    (default: the sound ``"clip"`` normalisation;
     ``"literal"`` = the paper's U with a guard and a warning). ``scale_rule`` says whether g
     multiplies (default) or divides by ``scale`` — the paper does not say; with its scale 0.02 a
     division would give τ up to log 2 / 0.02 ≈ 35, so we multiply. The default scale 0.3 makes the
@@ -35,15 +34,26 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
 
     Args:
         scale: > 0, default 0.3 (the paper reports 0.22 / 0.12 / 0.02 per dataset and curvature with
-            an unspecified rule). scale_rule: "multiply" | "divide".
-        min_temperature: > 0, default 0.05. mode: None | "clip" | "ball" | "batch" | "literal".
+            an unspecified rule).
+        scale_rule: ``"multiply"`` (default) or ``"divide"``: how g applies ``scale``.
+        min_temperature: τ_min > 0, default 0.05.
+        mode: the uncertainty normalisation, ``None`` (= ``"clip"``), ``"clip"``, ``"ball"``,
+            ``"batch"`` or ``"literal"`` (see :mod:`pml_hyperbolic.uncertainty`).
         c: curvature for U; None = the distance's ``c`` (``PoincareDistance``) else 0.1.
         clip_r: the head's clip radius for ``"clip"`` mode, default 2.3 (Hyp-ViT).
-        distance: default ``PoincareDistance(c=0.1)`` (the paper tests c = 0.05, 0.1, 0.3).
+        detach_uncertainty: compute U without gradient (default).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=0.1)``; the paper tests c = 0.05, 0.1, 0.3).
+
+    Raises:
+        ValueError: ``scale`` or ``min_temperature`` ≤ 0, an unknown ``scale_rule`` or ``mode``.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, scale=0.3, scale_rule="multiply", min_temperature=0.05, mode=None, c=None,
-                 clip_r=2.3, detach_uncertainty=True, **kwargs):
+    def __init__(self, scale: float = 0.3, scale_rule: str = "multiply", min_temperature: float = 0.05,
+                 mode: str | None = None, c: float | torch.Tensor | torch.nn.Module | None = None,
+                 clip_r: float | None = 2.3, detach_uncertainty: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.scale = check_positive(scale, "scale")
         if scale_rule not in ("multiply", "divide"):
@@ -59,13 +69,14 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
     def get_default_reducer(self):
         return MeanReducer()
 
-    def temperatures(self, embeddings):
+    def temperatures(self, embeddings: torch.Tensor):
         """(B,) per-anchor temperatures τ_i."""
         f = self.uncertainty_factor(embeddings)
         tau = f * self.scale if self.scale_rule == "multiply" else f / self.scale
         return tau.clamp_min(self.min_temperature)
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
         if not bool(pos.any()):
             return self.zero_losses()

@@ -42,11 +42,22 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
 
     Args:
         margin_scale: ≥ 0 multiplier of the log factor; None = exp(c) (paper).
-        mode, c, clip_r, detach_uncertainty: see :class:`UncertaintyAdaptiveContrastiveLoss`.
-        distance: default ``PoincareDistance(c=0.1)``; an inverted one uses S(a, n) − S(a, p) + α.
+        mode: the uncertainty normalisation, as in :class:`UncertaintyAdaptiveContrastiveLoss`.
+        c: curvature for U, as in :class:`UncertaintyAdaptiveContrastiveLoss`.
+        clip_r: the head's clip radius for ``"clip"`` mode, default 2.3.
+        detach_uncertainty: compute U without gradient (default).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
+            ``PoincareDistance(c=0.1)``; an inverted one uses S(a, n) − S(a, p) + α).
+
+    Raises:
+        ValueError: ``margin_scale`` < 0 or an unknown ``mode``.
+
+    Design note: docs/design/losses.md
     """
 
-    def __init__(self, margin_scale=None, mode=None, c=None, clip_r=2.3, detach_uncertainty=True, **kwargs):
+    def __init__(self, margin_scale: float | None = None, mode: str | None = None,
+                 c: float | torch.Tensor | torch.nn.Module | None = None, clip_r: float | None = 2.3,
+                 detach_uncertainty: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.margin_scale = None if margin_scale is None else check_nonnegative(margin_scale, "margin_scale")
         self._init_uncertainty(mode, c, clip_r, detach_uncertainty)
@@ -57,7 +68,7 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
     def get_default_reducer(self):
         return AvgNonZeroReducer()
 
-    def margins(self, embeddings):
+    def margins(self, embeddings: torch.Tensor):
         """(B,) per-anchor margins α_a."""
         f = self.uncertainty_factor(embeddings)
         if self.margin_scale is not None:
@@ -65,7 +76,8 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
         c = pb.as_curvature(self._curvature(), f.dtype, f.device).detach()
         return f * c.exp()  # e^c, the paper's scale; a tensor op: no device-to-host read per step
 
-    def compute_loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels):
+    def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,
+                     ref_emb: torch.Tensor, ref_labels: torch.Tensor):
         mat = as_compute(self.distance(embeddings, ref_emb))
         if not self.distance.is_inverted:
             gap_sign = 1.0  # D(a,p) - D(a,n)

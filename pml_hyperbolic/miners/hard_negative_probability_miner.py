@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from pytorch_metric_learning.distances import BaseDistance
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
@@ -63,14 +64,16 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
         threshold: weight threshold in (0, 1] or ``None``.
         top_k: negatives kept per anchor (int ≥ 1) or ``None``.
         include_positives: whether positives are part of the softmax (see above).
+
+    Design note: docs/design/miners.md
     """
 
     def __init__(
         self,
-        distance=None,
+        distance: BaseDistance | None = None,
         temperature: float = 0.2,
-        threshold=None,
-        top_k=None,
+        threshold: float | None = None,
+        top_k: int | None = None,
         include_positives: bool = True,
         **kwargs,
     ):
@@ -109,7 +112,8 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
         weights = torch.softmax(logits, dim=1) * candidates
         return weights, candidates
 
-    def negative_weights(self, embeddings, labels, ref_emb=None, ref_labels=None):
+    def negative_weights(self, embeddings: torch.Tensor, labels: torch.Tensor,
+                         ref_emb: torch.Tensor | None = None, ref_labels: torch.Tensor | None = None):
         """The B×R matrix of weights p(x⁻) (HypMix Eq. 9; 0 for non-candidates), without mining.
 
         Useful to inspect how a geometry spreads the gradient over negatives (HypMix Fig. 3).
@@ -121,7 +125,8 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
             pos, neg, is_self = self._masks(embeddings, labels, ref_emb, ref_labels)
             return self._weights(embeddings, ref_emb, pos, neg, is_self)[0]
 
-    def selection_masks(self, embeddings, labels, ref_emb, ref_labels):
+    def selection_masks(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
+                        ref_labels: torch.Tensor):
         """(positive-pair mask, selected-negative mask), both B×R bool: the mining decision."""
         pos, neg, is_self = self._masks(embeddings, labels, ref_emb, ref_labels)
         weights, candidates = self._weights(embeddings, ref_emb, pos, neg, is_self)
@@ -140,6 +145,7 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
             selected &= weights > (1.0 / n_candidates.to(weights.dtype))
         return pos, selected
 
-    def mine(self, embeddings, labels, ref_emb, ref_labels):
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
+             ref_labels: torch.Tensor):
         pos, selected = self.selection_masks(embeddings, labels, ref_emb, ref_labels)
         return join_pairs_to_triplets(pos, selected)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ class HierarchicalPseudoLabeler:
     .. math:: d_{ab} = \frac{1}{n_a n_b}\sum_{z_i\in C_a,\, z_j\in C_b} d_c(z_i, z_j),
 
     with :math:`d_c` the Poincaré distance (the paper's Eq. 3 prints a Euclidean norm although
-    it clusters "in the hyperbolic space"; we use the geodesic distance, as the issue asks), cut
+    it clusters "in the hyperbolic space"; we use the geodesic distance, as the text says), cut
     at K levels. ``fit_predict(z)`` returns N × K int64 labels, column k = cluster id at level k,
     **finest first**; the levels are nested (every fine cluster lies inside one coarse cluster).
 
@@ -89,12 +90,11 @@ class HierarchicalPseudoLabeler:
     The approximation: points that k-means puts in one fine cluster are never separated (the
     tree is exact average linkage *over fine clusters*, not over points), and the initial
     inter-cluster averages are sample means. Nothing of size N × N is built: memory is
-    O(N·D + n_fine² + (n_fine·samples_per_cluster)·chunk). 60,000 × 128 runs in well under a
-    minute on 2 CPU cores (see ``bench/miners.py``).
+    O(N·D + n_fine² + (n_fine·samples_per_cluster)·chunk).
 
     Threads: the work runs with :func:`~pml_hyperbolic.threads.uncontended_threads` torch/faiss
     threads (the caller's count on an idle machine, 1 when other processes hold the cores, where
-    2 threads made it up to 3.7× slower; ``bench/under_load.py``), single-threaded up to 1,024
+    more threads only wait at barriers), single-threaded up to 1,024
     points; the caller's thread count is restored afterwards.
 
     Args:
@@ -114,15 +114,17 @@ class HierarchicalPseudoLabeler:
     ``merge_heights_`` (sorted linkage heights), ``fine_to_hierarchy_`` (n_0 × K int64: the
     hierarchy row of each finest-level cluster id; since the levels are nested, the finest id
     determines the whole row; :class:`HierarchicalSimilarityMiner` uses it to decode 1-D labels).
+
+    Design note: docs/design/miners.md
     """
 
     def __init__(
         self,
-        levels=None,
-        c=0.1,
-        distance_thresholds=None,
+        levels: Sequence[int] | None = None,
+        c: float | torch.Tensor | torch.nn.Module = 0.1,
+        distance_thresholds: Sequence[float] | None = None,
         exact_max_samples: int = 4096,
-        n_fine_clusters=None,
+        n_fine_clusters: int | None = None,
         samples_per_cluster: int = 8,
         kmeans_iterations: int = 15,
         kmeans_points_per_cluster: int = 32,
@@ -156,7 +158,7 @@ class HierarchicalPseudoLabeler:
         return len(self.levels) if self.levels is not None else len(self.distance_thresholds)
 
     # ------------------------------------------------------------------------------------------
-    def fit_predict(self, embeddings) -> torch.Tensor:
+    def fit_predict(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Cluster ``embeddings`` (N × D points of the ball, or a hypll ``ManifoldTensor`` of them on
         a ball of curvature ``c``; projected first) → N × K int64."""
         emb = torch.as_tensor(unwrap_ball_tensor(embeddings, self.c, "HierarchicalPseudoLabeler"))
@@ -172,7 +174,7 @@ class HierarchicalPseudoLabeler:
         x = emb.detach().to("cpu")
         # k-means iterations and the chunked distance sums are loops of parallel ops (torch and
         # faiss share one OpenMP runtime); on a busy machine their barriers wait for descheduled
-        # threads (2 threads: 1.4-3.7x slower than 1 at 60k points), so the thread count follows
+        # threads, so the thread count follows
         # the machine's load (tests check that the labels come out the same either way)
         threads = 1 if n <= _SERIAL_MAX_SAMPLES else uncontended_threads()
         with torch.no_grad(), limited_threads(threads):

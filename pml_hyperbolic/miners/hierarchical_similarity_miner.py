@@ -4,6 +4,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+from pytorch_metric_learning.distances import BaseDistance
 from pytorch_metric_learning.miners import BaseMiner
 from pytorch_metric_learning.utils import common_functions as c_f
 
@@ -48,15 +49,17 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
         violating_only: keep only order-violating triplets (default False: the paper trains on
             all ordered triplets, the loss being a regression target for each).
         seed: seed of the sampler (``None``: the global torch RNG).
+
+    Design note: docs/design/miners.md
     """
 
     def __init__(
         self,
-        distance=None,
+        distance: BaseDistance | None = None,
         pseudo_labeler: HierarchicalPseudoLabeler | None = None,
-        triplets_per_anchor=None,
+        triplets_per_anchor: int | None = None,
         violating_only: bool = False,
-        seed=None,
+        seed: int | None = None,
         **kwargs,
     ):
         if distance is None:
@@ -77,7 +80,8 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
         self._generator = None
 
     # ------------------------------------------------------------------------------------------
-    def forward(self, embeddings, labels=None, ref_emb=None, ref_labels=None):
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None,
+                ref_emb: torch.Tensor | None = None, ref_labels: torch.Tensor | None = None):
         """As ``BaseMiner.forward`` but labels may be N × K (or ``None`` with a pseudo-labeler)."""
         self.reset_stats()
         with torch.no_grad():
@@ -121,7 +125,8 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
         return h, hr
 
     # ------------------------------------------------------------------------------------------
-    def mine(self, embeddings, labels, ref_emb, ref_labels):
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
+             ref_labels: torch.Tensor):
         s = pairwise_first_shared_level(labels, ref_labels)
         is_self = self_match_mask(embeddings, ref_emb, s == 1)
         s = s.masked_fill(is_self, 0)  # level 0 marks "not a candidate"

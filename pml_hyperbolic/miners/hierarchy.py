@@ -1,7 +1,11 @@
 """Average-linkage utilities of the pseudo-labeller. The similarity-level helper and its label
 convention live in :mod:`pml_hyperbolic.hierarchy_levels` and are re-exported here.
+
+Design note: docs/design/miners.md
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -102,7 +106,8 @@ def _find(parent: np.ndarray, i: int) -> int:
     return root
 
 
-def cut_merges(merges: np.ndarray, n: int, n_clusters=None, thresholds=None) -> np.ndarray:
+def cut_merges(merges: np.ndarray, n: int, n_clusters: Sequence[int] | None = None,
+               thresholds: Sequence[float] | None = None) -> np.ndarray:
     """Flat clusterings of one tree at several levels, finest first: n × K int64 labels.
 
     ``merges`` (from :func:`weighted_average_linkage` / :func:`linkage_to_merges`) are sorted by

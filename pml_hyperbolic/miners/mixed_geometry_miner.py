@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import torch
-from pytorch_metric_learning.distances import CosineSimilarity
+from pytorch_metric_learning.distances import BaseDistance, CosineSimilarity
 from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
@@ -44,20 +45,23 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
             PoincareDistance(c=0.1)]``: the paper's Euclidean (sphere) and hyperbolic branches.
             All are applied to the same embeddings; to reproduce HypMix's single head that maps
             one Euclidean output onto both the sphere and the ball, pass distances that perform
-            that mapping (e.g. helper distances built from ``MixedGeometryDistance``'s parts).
+            that mapping (e.g. distances built from ``MixedGeometryDistance``'s parts).
         temperatures: one τ per distance, or one shared τ. Default ``(0.05, 0.2)``: the paper's
             τ_e = 0.05 (sphere) and τ_h = 0.2 (ball).
-        threshold, top_k: as in :class:`HardNegativeProbabilityMiner`; a scalar is used for every
+        threshold: as in :class:`HardNegativeProbabilityMiner`; a scalar is used for every
             geometry, a list gives one value per geometry.
+        top_k: as in :class:`HardNegativeProbabilityMiner`; a scalar or one value per geometry.
         include_positives: as in :class:`HardNegativeProbabilityMiner` (default True).
+
+    Design note: docs/design/miners.md
     """
 
     def __init__(
         self,
-        distances=None,
-        temperatures=(0.05, 0.2),
-        threshold=None,
-        top_k=None,
+        distances: Sequence[BaseDistance] | None = None,
+        temperatures: float | Sequence[float] = (0.05, 0.2),
+        threshold: float | Sequence[float | None] | None = None,
+        top_k: int | Sequence[int | None] | None = None,
         include_positives: bool = True,
         **kwargs,
     ):
@@ -82,7 +86,8 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
         )
         self.num_triplets_per_geometry = [0] * n
 
-    def mine(self, embeddings, labels, ref_emb, ref_labels):
+    def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
+             ref_labels: torch.Tensor):
         pool = None
         pos = None
         counts = []

@@ -1,10 +1,14 @@
 """Shared training machinery of the recipes: configuration, PML trainer with AMP, evaluation hook,
-checkpoints/resume, torchrun/DDP helpers and run logging.
+checkpoints/resume, torchrun/DDP wrappers and run logging.
 
 ``cli``, ``config`` and ``presets`` import no torch: the recipes parse and check their command line
 with them before anything heavy is loaded (see ``cli``). Every other name is imported on first
 access (see ``pml_hyperbolic._lazy``).
+
+Design note: docs/design/training.md
 """
+from __future__ import annotations
+
 _EXPORTS = {
     "cli": ".cli", "config": ".config", "presets": ".presets",
     "CheckpointManager": ".checkpoint", "atomic_torch_save": ".checkpoint", "restore_trainer": ".checkpoint",

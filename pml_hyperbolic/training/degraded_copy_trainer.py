@@ -9,11 +9,13 @@ with S a random subset of k = ⌈f·B⌉ images of the batch (f = ``copy_fractio
 :class:`~pml_hyperbolic.data.degradations.RandomDegradation`). The metric loss (and the miner) see
 only the B clean embeddings, so retrieval training is unchanged; the copies share the trunk and head
 forward pass with them (one batch of B + k images).
+
+Design note: docs/design/training.md
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from pytorch_metric_learning.utils import common_functions as c_f
@@ -30,14 +32,24 @@ class DegradedCopyTrainer(HyperbolicTrainer):
     :class:`~pml_hyperbolic.losses.DegradedCopyRadiusLoss`, called as ``loss(clean, ref_emb=copies)``),
     weighted by ``loss_weights`` as in every PML trainer.
 
-    Args (on top of :class:`HyperbolicTrainer`):
+    The arguments below come on top of :class:`HyperbolicTrainer`'s.
+
+    Args:
         degradation: ``callable(images (k, C, H, W)) -> degraded images``; random draws should come
             from torch's global generator, which the recipes seed and checkpoint.
         copy_fraction: f in (0, 1], the fraction of each batch that gets a degraded copy (default 0.25:
             the trunk sees 1.25 B images per step).
+        *args: :class:`HyperbolicTrainer` positional arguments.
+        **kwargs: :class:`HyperbolicTrainer` keyword arguments.
+
+    Raises:
+        ValueError: ``copy_fraction`` outside (0, 1], or no ``degraded_copy_loss`` in ``loss_funcs``.
+
+    Design note: docs/design/training.md
     """
 
-    def __init__(self, *args, degradation: Optional[Callable] = None, copy_fraction: float = 0.25, **kwargs):
+    def __init__(self, *args: Any, degradation: Optional[Callable] = None, copy_fraction: float = 0.25,
+                 **kwargs: Any):
         try:
             copy_fraction = float(copy_fraction)
         except (TypeError, ValueError):
@@ -63,7 +75,7 @@ class DegradedCopyTrainer(HyperbolicTrainer):
         k = min(batch_size, max(1, math.ceil(self.copy_fraction * batch_size)))
         return torch.randperm(batch_size)[:k]
 
-    def calculate_loss(self, curr_batch):
+    def calculate_loss(self, curr_batch: Any) -> None:
         data, labels = curr_batch
         if not torch.is_tensor(data) or data.ndim != 4:
             raise ValueError("DegradedCopyTrainer needs image batches (B, C, H, W); got "
@@ -71,7 +83,7 @@ class DegradedCopyTrainer(HyperbolicTrainer):
         batch = len(data)
         rows = self.copy_indices(batch)
         # degrade where the model runs: a loader's batch arrives on the host, and blurring it there
-        # would cost a GPU step more than the trunk's pass over the copies (bench/gpu_step.py --batch-on-host)
+        # would cost a GPU step more than the trunk's pass over the copies
         data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
         copies = self.degradation(data[rows.to(data.device)])
         embeddings = self.compute_embeddings(torch.cat([data, copies.to(data.dtype)]))

@@ -3,11 +3,13 @@
 PML's ``HookContainer.end_of_epoch_hook`` only runs the tester when a record-keeper is installed;
 :class:`EpochEndEvaluator` is a plain callable that always runs it, logs the epoch, writes the
 checkpoint and tracks the best Recall@1.
+
+Design note: docs/design/evaluation.md
 """
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import tqdm
@@ -22,15 +24,32 @@ from .trainer import (CPU_TRUNK_CHUNK_SIZE, checked_chunk_size, chunked_forward_
 
 
 def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), batch_size: int = 128,
-                 device=None, num_workers: int = 0, cache_frozen_trunk: bool = True,
+                 device: Optional[torch.device] = None, num_workers: int = 0, cache_frozen_trunk: bool = True,
                  trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE,
                  use_trunk_output: bool = False) -> GlobalEmbeddingSpaceTester:
-    """Tester over the raw head output (``normalize_embeddings=False``: L2-normalising ball points
-    would move them onto/outside the boundary) with the exact hyperbolic kNN when ``c`` is given,
-    cosine/Euclidean kNN otherwise (helper-D's :class:`RecallAtKAccuracyCalculator`).
-    ``cache_frozen_trunk`` / ``trunk_chunk_size``: see :class:`SkippingEmbeddingSpaceTester`;
-    ``use_trunk_output`` (PML's): score the trunk's features, not the head's output (methods whose head
-    is a projection that only serves the loss, as MoCo's and HCL's MLP)."""
+    """The recipes' Recall@K tester.
+
+    It scores the raw head output (``normalize_embeddings=False``: L2-normalising ball points would
+    move them onto/outside the boundary) with the exact hyperbolic kNN when ``c`` is given, PML's
+    default kNN otherwise (:class:`~pml_hyperbolic.evaluation.RecallAtKAccuracyCalculator`), and
+    computes only Recall@K (PML's default metric set would also run k-means for NMI/AMI).
+
+    Args:
+        c: curvature of the embeddings' ball, or None for a Euclidean/cosine head.
+        k_values: the K of Recall@K.
+        batch_size: images per embedding batch.
+        device: where the embeddings are computed (None: PML's default).
+        num_workers: DataLoader workers.
+        cache_frozen_trunk: see :class:`SkippingEmbeddingSpaceTester`.
+        trunk_chunk_size: see :class:`SkippingEmbeddingSpaceTester`.
+        use_trunk_output: score the trunk's features, not the head's output (methods whose head is a
+            projection that only serves the loss, as MoCo's and HCL's MLP).
+
+    Returns:
+        A :class:`SkippingEmbeddingSpaceTester`.
+
+    Design note: docs/design/evaluation.md
+    """
     from ..evaluation import RecallAtKAccuracyCalculator
 
     # Only Recall@K: PML's default metric set would also run k-means for NMI/AMI on every test.
@@ -50,7 +69,7 @@ DETERMINISTIC_TRANSFORMS = frozenset({
 })
 
 
-def has_deterministic_transform(dataset) -> bool:
+def has_deterministic_transform(dataset: Any) -> bool:
     """True when the first ``transform`` found on ``dataset`` (through ``Subset.dataset`` and
     ``.base`` wrappers) is None or made only of :data:`DETERMINISTIC_TRANSFORMS`: then reading an
     item twice gives the same tensor. A dataset without a ``transform`` attribute is unknown: False."""
@@ -75,7 +94,14 @@ def parameter_fingerprint(model: torch.nn.Module) -> Tuple:
     """What changes whenever a parameter or buffer of ``model`` may have changed: per tensor its
     storage address, shape, dtype and version counter (bumped by every in-place write: optimiser
     steps, ``load_state_dict``), plus a float64 checksum (writes through ``.data`` bypass the version
-    counter). About 5 ms for EfficientNet-Lite0's 4.6 M parameters."""
+    counter).
+
+    Args:
+        model: the module.
+
+    Returns:
+        One ``(address, shape, dtype, version, checksum)`` tuple per parameter and buffer.
+    """
     with torch.no_grad():
         return tuple((t.data_ptr(), tuple(t.shape), t.dtype, t._version,
                       float(t.detach().double().sum()) if t.is_floating_point() else int(t.detach().sum()))
@@ -103,13 +129,26 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
       misses than a batch of 256 small images); None = whole batches;
     * on a CPU device, freed activation memory stays in the process (``keep_freed_memory``:
       :func:`~pml_hyperbolic.training.trainer.retain_freed_memory`, process-wide): otherwise each
-      batch page-faults its activations in anew, 30-40 % of the pass's CPU time;
+      batch page-faults its activations in anew;
     * progress bars for each split's embedding pass and for the kNN, on stderr (silent when
       ``TQDM_DISABLE`` is set, read at each test: tqdm itself reads it only when imported).
+
+    Args:
+        cache_frozen_trunk: keep a frozen trunk's features per split (True or False).
+        trunk_chunk_size: CPU chunk size of a frozen trunk's forward; None = whole batches.
+        keep_freed_memory: retain freed activation memory on a CPU device.
+        *args: PML ``GlobalEmbeddingSpaceTester`` positional arguments.
+        **kwargs: PML ``GlobalEmbeddingSpaceTester`` keyword arguments.
+
+    Raises:
+        ValueError: a non-bool ``cache_frozen_trunk`` or a bad ``trunk_chunk_size``.
+
+    Design note: docs/design/evaluation.md
     """
 
-    def __init__(self, *args, cache_frozen_trunk: bool = True,
-                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE, keep_freed_memory: bool = True, **kwargs):
+    def __init__(self, *args: Any, cache_frozen_trunk: bool = True,
+                 trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE, keep_freed_memory: bool = True,
+                 **kwargs: Any):
         if not isinstance(cache_frozen_trunk, bool):
             raise ValueError(f"cache_frozen_trunk must be True or False, got {cache_frozen_trunk!r}")
         chunk_size = checked_chunk_size(trunk_chunk_size)
@@ -125,8 +164,9 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
     def clear_trunk_feature_cache(self) -> None:
         self.trunk_feature_cache.clear()
 
-    def get_all_embeddings_for_all_splits(self, dataset_dict, trunk_model, embedder_model,
-                                          splits_to_compute_embeddings, collate_fn):
+    def get_all_embeddings_for_all_splits(self, dataset_dict: Dict, trunk_model: torch.nn.Module,
+                                          embedder_model: torch.nn.Module,
+                                          splits_to_compute_embeddings: Sequence[str], collate_fn: Any) -> Dict:
         # PML passes the dataset but not its split name down to compute_all_embeddings: the cache
         # is per split
         self.cache_hits = []
@@ -150,16 +190,17 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
         return (trunk_model, parameter_fingerprint(trunk_model), dataset, len(dataset), dataloader.batch_size,
                 dataloader.collate_fn, str(self.data_device), self.dtype, self.use_trunk_output)
 
-    def trunk_features(self, trunk_model, images):
+    def trunk_features(self, trunk_model: torch.nn.Module, images: Any) -> torch.Tensor:
         images = c_f.to_device(images, device=self.data_device, dtype=self.dtype)
         if chunked_forward_applies(trunk_model, images, self.trunk_chunk_size, require_frozen=False):
             return forward_in_chunks(trunk_model, images, self.trunk_chunk_size)
         return trunk_model(images)
 
-    def head_output(self, embedder_model, features):
+    def head_output(self, embedder_model: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
         return features if self.use_trunk_output else embedder_model(features)
 
-    def compute_all_embeddings(self, dataloader, trunk_model, embedder_model):
+    def compute_all_embeddings(self, dataloader: Any, trunk_model: torch.nn.Module,
+                               embedder_model: torch.nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
         split = self._split_name
         key = self._cache_key(dataloader, trunk_model)
         cached = self.trunk_feature_cache.get(split) if key is not None else None
@@ -195,7 +236,8 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
             raise RuntimeError("no readable image in the evaluation set")
         return torch.cat(embeddings), torch.cat(labels)
 
-    def do_knn_and_accuracies(self, accuracies, embeddings_and_labels, query_split_name, reference_split_names):
+    def do_knn_and_accuracies(self, accuracies: Dict, embeddings_and_labels: Dict, query_split_name: str,
+                              reference_split_names: Sequence[str]) -> Any:
         queries = len(embeddings_and_labels[query_split_name][0])
         references = sum(len(embeddings_and_labels[r][0]) for r in reference_split_names)
         with tqdm.tqdm(total=1, desc=f"kNN: {queries} {query_split_name} queries vs {references} references",
@@ -233,16 +275,27 @@ def format_recall(recall: Dict[str, float], k_values: Sequence[int]) -> str:
 
 
 class Evaluator:
-    """Runs the tester on the eval datasets and keeps the last embeddings for plots."""
+    """Runs the tester on the eval datasets and keeps the last embeddings for plots.
 
-    def __init__(self, tester, eval_sets: Dict, splits_to_eval, k_values: Sequence[int]):
+    Evaluation saves and restores every RNG state, so how often one evaluates never changes training.
+
+    Args:
+        tester: a tester from :func:`build_tester`.
+        eval_sets: split name → dataset.
+        splits_to_eval: ``[(query_split, [reference_splits])]`` (see :func:`eval_protocol`).
+        k_values: the K of Recall@K.
+    """
+
+    def __init__(self, tester: GlobalEmbeddingSpaceTester, eval_sets: Dict,
+                 splits_to_eval: Sequence[Tuple[str, Sequence[str]]], k_values: Sequence[int]):
         self.tester = tester
         self.eval_sets = eval_sets
         self.splits_to_eval = splits_to_eval
         self.k_values = list(k_values)
         self.last_embeddings = None
 
-    def __call__(self, trunk, embedder, epoch: int) -> Dict[str, float]:
+    def __call__(self, trunk: torch.nn.Module, embedder: torch.nn.Module, epoch: int) -> Dict[str, float]:
+        """``{"recall_at_K": value}`` of the first query split; the modules' modes are restored."""
         # Evaluation must not move the training RNG (its DataLoaders draw seeds from it): otherwise
         # how often one evaluates, or a stop/--resume at an evaluated epoch, would change training.
         saved = rng_state()
@@ -265,7 +318,7 @@ class Evaluator:
         embedder.train(modes[1])
         return recall_from_accuracies({query_split: accuracies[query_split]}, self.k_values)
 
-    def capture_hook(self, tester) -> None:
+    def capture_hook(self, tester: GlobalEmbeddingSpaceTester) -> None:
         split, refs = self.splits_to_eval[0][0], list(self.splits_to_eval[0][1])
         emb, labels = tester.embeddings_and_labels[split]
         captured = [emb.detach().cpu(), labels[:, 0].detach().cpu()]
@@ -284,12 +337,29 @@ class Evaluator:
 class EpochEndEvaluator:
     """End-of-epoch hook: evaluate (rank 0), log a CSV row, checkpoint, track the best Recall@1.
 
-    Returns False to stop training when ``stop_after_epoch`` is reached (simulated interruption).
+    Calling it returns False to stop training when ``stop_after_epoch`` is reached (simulated
+    interruption).
+
+    Args:
+        evaluator: the :class:`Evaluator`, or None for no evaluation.
+        checkpoints: a :class:`~pml_hyperbolic.training.CheckpointManager`.
+        run_logger: a :class:`~pml_hyperbolic.training.RunLogger`.
+        ctx: the :class:`~pml_hyperbolic.training.DistributedContext`.
+        k_values: the K of Recall@K (CSV columns).
+        curvature_fn: returns the head's current curvature (logged), or None.
+        stop_after_epoch: stop after this epoch (None: never).
+        verbose: print one line per epoch.
+        history: rows of earlier epochs (a resumed run).
+        best: the best epoch so far (a resumed run).
+        eval_every: evaluate every this many epochs (0: only at the end).
+        num_epochs: the last epoch (always evaluated).
     """
 
-    def __init__(self, evaluator: Optional[Evaluator], checkpoints, run_logger, ctx, k_values,
-                 curvature_fn=None, stop_after_epoch: Optional[int] = None, verbose: bool = True,
-                 history=None, best=None, eval_every: int = 1, num_epochs: Optional[int] = None):
+    def __init__(self, evaluator: Optional[Evaluator], checkpoints: Any, run_logger: Any, ctx: Any,
+                 k_values: Sequence[int], curvature_fn: Optional[Callable[[], float]] = None,
+                 stop_after_epoch: Optional[int] = None, verbose: bool = True,
+                 history: Optional[List[Dict]] = None, best: Optional[Dict] = None, eval_every: int = 1,
+                 num_epochs: Optional[int] = None):
         self.evaluator = evaluator
         self.checkpoints = checkpoints
         self.run_logger = run_logger
@@ -304,14 +374,14 @@ class EpochEndEvaluator:
         self.eval_every = int(eval_every)
         self.num_epochs = num_epochs
 
-    def should_evaluate(self, trainer) -> bool:
+    def should_evaluate(self, trainer: Any) -> bool:
         """Every ``eval_every`` epochs (0: only at the end), and always after the last epoch."""
         epoch = trainer.epoch
         last = (self.num_epochs is not None and epoch >= self.num_epochs) or trainer.steps_exhausted() or (
             self.stop_after_epoch is not None and epoch >= self.stop_after_epoch)
         return last or (self.eval_every > 0 and epoch % self.eval_every == 0)
 
-    def __call__(self, trainer) -> bool:
+    def __call__(self, trainer: Any) -> bool:
         from .distributed import barrier
 
         epoch = trainer.epoch

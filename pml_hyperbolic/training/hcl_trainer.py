@@ -10,10 +10,13 @@ other view of the same object, :math:`s` the query encoder on the scene that con
 T = 0.2). Both queues hold momentum-encoder object keys. Queues are PML ``CrossBatchMemory`` with
 ``enqueue_mask`` (queries are never enqueued); every (query, key) pair gets a label no other
 sample ever gets, so the queue holds only negatives for a query.
+
+Design note: docs/design/training.md
 """
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from pytorch_metric_learning.losses import CrossBatchMemory
@@ -45,10 +48,20 @@ class HCLTrainer(HyperbolicTrainer):
     """Models: ``trunk`` + ``embedder`` (query encoder). The momentum (key) encoder is a copy
     updated as θ_k ← m·θ_k + (1 − m)·θ_q after each optimiser step. Loss funcs: ``metric_loss``
     (MoCo queue) and ``hyperbolic_loss`` (scene→object queue), weighted 1 and ``hyperbolic_weight``.
+
+    Args:
+        momentum: m in [0, 1).
+        curvature: c of the ball the scene/object embeddings are mapped to.
+        hyperbolic_weight: weight of ``hyperbolic_loss`` (unless ``loss_weights`` is given).
+        *args: :class:`~pml_hyperbolic.training.HyperbolicTrainer` positional arguments.
+        **kwargs: :class:`~pml_hyperbolic.training.HyperbolicTrainer` keyword arguments.
+
+    Raises:
+        ValueError: ``momentum`` outside [0, 1).
     """
 
-    def __init__(self, *args, momentum: float = 0.999, curvature: float = 0.05, hyperbolic_weight: float = 0.1,
-                 **kwargs):
+    def __init__(self, *args: Any, momentum: float = 0.999, curvature: float = 0.05, hyperbolic_weight: float = 0.1,
+                 **kwargs: Any):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
@@ -68,14 +81,15 @@ class HCLTrainer(HyperbolicTrainer):
         return batch
 
     @torch.no_grad()
-    def key_embeddings(self, images):
+    def key_embeddings(self, images: torch.Tensor) -> torch.Tensor:
+        """The momentum encoder's float32 embeddings of ``images`` (no gradient)."""
         self.key_trunk.train(self.models["trunk"].training)
         self.key_embedder.train(self.models["embedder"].training)
         with self.autocast():
             out = self.key_embedder(self.key_trunk(images.to(self.data_device)))
         return out.float()
 
-    def calculate_loss(self, curr_batch):
+    def calculate_loss(self, curr_batch: Any) -> None:
         from .. import poincare_ball as pb
 
         scene, view_q, view_k, _ = curr_batch

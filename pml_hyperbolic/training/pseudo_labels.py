@@ -1,5 +1,11 @@
-"""Training-set wrapper whose labels are replaced every epoch by clustering (unsupervised recipe)."""
+"""Pseudo-labels for unsupervised training: a label-hiding dataset wrapper, the clustering policy
+and the recipe mixin that re-clusters every epoch.
+
+Design note: docs/design/pseudo-labels.md
+"""
 from __future__ import annotations
+
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,9 +21,14 @@ class PseudoLabelledDataset(torch.utils.data.Dataset):
 
     ``labels`` is (N, K) int64 (finest level first) once :meth:`set_labels` has been called; before
     that every sample is its own class (so nothing can leak from the ground truth).
+
+    Args:
+        base: a dataset whose items are ``(image, label, ...)`` or ``None`` (an unreadable image).
+
+    Design note: docs/design/pseudo-labels.md
     """
 
-    def __init__(self, base):
+    def __init__(self, base: torch.utils.data.Dataset):
         self.base = base
         self.pseudo = np.arange(len(base), dtype=np.int64)[:, None]
 
@@ -25,7 +36,15 @@ class PseudoLabelledDataset(torch.utils.data.Dataset):
     def labels(self) -> np.ndarray:
         return self.pseudo
 
-    def set_labels(self, labels) -> None:
+    def set_labels(self, labels: Any) -> None:
+        """Replace the pseudo-labels.
+
+        Args:
+            labels: (N,) or (N, K) integer labels (array or tensor), N = ``len(base)``.
+
+        Raises:
+            ValueError: when the number of rows is not ``len(base)``.
+        """
         labels = np.asarray(labels.cpu() if torch.is_tensor(labels) else labels, dtype=np.int64)
         if labels.ndim == 1:
             labels = labels[:, None]
@@ -43,82 +62,8 @@ class PseudoLabelledDataset(torch.utils.data.Dataset):
         return item[0], torch.as_tensor(self.pseudo[index])
 
 
-# ------------------------------------------------------------------------- pseudo-label policy
-#
-# Measured on the bundled glyphs (bench/unsupervised_pseudo_labels.py: frozen MobileNetV2 pooled
-# features, 128-d HyperbolicEmbeddingHead c = 0.1, HierarchicalLogRatioLoss Ω = 1.2, 120 steps,
-# 128 training / 32 validation characters, val R@1 mean of 5 seeds; pooled features, cosine: 30.2,
-# untrained head: 27.6). The previous behaviour (average linkage of the randomly initialised
-# head's embeddings, levels (100, 70, 40, 10)) gives 14.2 (3 seeds): average linkage (the paper's
-# Eq. 3) chains — one cluster holds 44 % of the images at 100 clusters, 94 % at 10 — and pairs in
-# one finest cluster share a character 1.0 % of the time (chance 0.8 %). Clustering the pre-trained
-# features first (the paper's initialisation, singletons merged) gives 30.0 (3 seeds). Ward linkage
-# gives balanced clusters (largest 3 %, pair precision 3.5 % at 100), but every extra level hurts:
-# Ward (100, 70, 40, 10) 24.0, (128, 32) 27.3, (128,) 30.2, (32,) 29.1. PCA whitening of the
-# features before clustering raises pair precision (4.0 → 5.8 % at 128 clusters) and gives the best
-# validation R@1, 30.7 (test 15.9 vs 15.5 for the pooled features): within the seed spread (±2) of
-# the other one-level settings — the pseudo-labels are too noisy here for more.
-#
-# Finer clusters are purer: pair precision 5.8 / 9.8 / 14.5 % at 128 / 256 / 512 whitened Ward
-# clusters, val R@1 30.7 / 31.8 / 31.8 on that head-only grid
-# (``OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py
-# --settings white256_128,white256_256,white256_512``, seeds 0-4).
-#
-# Issue 13 (the recipe ended below its starting features on one test seed of three: 15.8 / 14.5 / 17.2
-# vs 15.5). The choice was redone with ``--protocol recipe`` of that bench: the recipe itself as
-# ``bench/quality.py`` trains it (last block + conv_head + head, 120 steps, one labelling), on the
-# 128 / 32 validation split. Two changes, chosen on validation R@1 only:
-#
-# * ``--head-init whiten`` (:func:`whitening_head_init`): the head starts as the PCA whitening of the
-#   training images' trunk outputs instead of a random orthogonal projection. The random head starts
-#   below the features (val 27.6 vs 30.2); the whitened one above them (33.3): whitening alone is a
-#   strong unsupervised retrieval step on these features. ``--head-init-scale 10`` (the warm-started
-#   weight 10× the random init's norm) is a trust region: the head's direction is scale-invariant, so
-#   AdamW's fixed-size steps move it 10× less, and the noisy pseudo-labels cannot undo the start
-#   (scale 1 ends below the features on 2 validation seeds of 10).
-# * 512 clusters instead of 128 (purer pseudo-classes, above).
-#
-# Validation R@1 (%), recipe protocol, mean over the seeds of the command in brackets (below):
-#
-#   pretrained features, cosine (no training) ....................... 30.2
-#   previous default (random head, 128 clusters) ..................... 31.0 [A] (worst seed 27.6)
-#   paper (--paper-pseudo-labels --omega 10, random head) ............ 11.1 [A]
-#   random head, 512 clusters ........................................ 33.0 [F] (seeds 0-2)
-#   whiten, scale 1 / 30, 128 clusters ............................... 32.8 / 33.7 [F] (seeds 0-2)
-#   whiten, scale 3, 128 clusters .................................... 34.8 [B]
-#   whiten, scale 10, 128 clusters ................................... 34.6 [B], 34.4 [C]
-#   whiten, scale 1, 512 clusters .................................... 35.6 [B], 31.6 [C] (worst seed 26.0)
-#   whiten, scale 3, 512 clusters .................................... 35.2 [B], 34.9 [C] (worst 32.3)
-#   **whiten, scale 10, 512 clusters (chosen: the defaults)** ........ 35.1 [B], 36.2 [C] (worst 33.3)
-#   whiten, scale 30, 512 clusters ................................... 34.3 [B], 36.4 [C] (worst 31.2)
-#   whiten, scale 10, 1024 clusters (capped at 928) .................. 34.6 [B]
-#   whiten, scale 10, 256 clusters / levels (512, 128) ............... 31.8 / 34.0 [D]
-#   whiten, scale 10, 512 clusters, Ω 1.1 / 1.4 ...................... 34.5 / 33.2 [D]
-#   the whitened head before training (any seed) ..................... 33.3 [B]
-#
-# The chosen setting has the best mean over seeds 0-9 (35.7) and the best worst seed (33.3); the
-# differences between scales 3-30 are within the seed spread (±1.5).
-#
-# Test (160 held-out characters, reported once for the chosen setting; never used to choose):
-# ``python bench/quality.py --datasets glyphs --threads 1 --rows raw,unsup_logratio`` gives R@1
-# 18.4 ± 0.9 (seeds 0, 1, 2: 19.5, 18.1, 17.7) vs 15.5 for the features. Most of it is the warm
-# start: the whitened head before training scores 18.1 on test [E]; training on the pseudo-labels
-# adds 0.3 on test (2.3 on validation, seeds 0-9). [E] also gives the previous default 15.9 on test
-# (15.7, 14.9, 17.2: its extra evaluation before training shifts seed 0 and 1 slightly from the issue's
-# 15.8, 14.5). The commands, each after ``OMP_NUM_THREADS=1 python bench/unsupervised_pseudo_labels.py
-# --protocol recipe``:
-#   [A] --seeds 0,1,2,3,4 --settings r_previous_default,r_paper
-#   [B] --seeds 0,1,2,3,4 --settings r_whiten_s3,r_whiten_s10,r_whiten_s1_512,r_whiten_s3_512,
-#       r_whiten_s10_512,r_whiten_s30_512,r_whiten_s10_1024                    (one argument, no spaces)
-#   [C] --seeds 5,6,7,8,9 --settings r_whiten_s10,r_whiten_s1_512,r_whiten_s3_512,r_whiten_s10_512,
-#       r_whiten_s30_512
-#   [D] --seeds 0,1,2 --settings r_whiten_s10_256,r_whiten_s10_512_128,r_whiten_s10_512_omega1.1,
-#       r_whiten_s10_512_omega1.4
-#   [F] --seeds 0,1,2 --settings r_whiten_s1,r_whiten_s30,r_random_512
-#   [E] --seeds 0,1,2 --settings "" --report-test r_previous_default,r_default
-
-# PAPER_PSEUDO_LEVELS, DEFAULT_PSEUDO_LEVELS, LINKAGES and SOURCES are in ``presets`` (torch-free:
-# the recipe's --help reads them too).
+# PAPER_PSEUDO_LEVELS, DEFAULT_PSEUDO_LEVELS, LINKAGES and SOURCES live in ``presets`` (torch-free:
+# the recipe's --help reads them too). Why the defaults are what they are: docs/design/pseudo-labels.md.
 DEFAULT_WHITEN = 256
 
 
@@ -141,12 +86,30 @@ def _compact(labels: np.ndarray) -> np.ndarray:
                      for k in range(labels.shape[1])], 1).astype(np.int64)
 
 
-def linkage_levels(points, levels, method: str = "ward", max_exact: int = 20000) -> np.ndarray:
-    """(N, K) int64 nested cluster ids of an agglomerative tree of ``points`` (N × D, Euclidean),
-    cut at ``levels`` clusters (strictly decreasing, finest first). ``method``: "ward" or "average".
-    N ≤ ``max_exact``: scipy's exact linkage (O(N²) memory); larger N: faiss k-means into
+def linkage_levels(points: Any, levels: Sequence[int], method: str = "ward",
+                   max_exact: int = 20000) -> np.ndarray:
+    """Nested cluster ids of an agglomerative tree of ``points``, cut at ``levels`` clusters.
+
+    N ≤ ``max_exact``: scipy's exact linkage (O(N²) memory). Larger N: faiss k-means into
     max(1024, 4·levels[0]) (at most N/2) fine clusters, the linkage over their centroids, every
-    point labelled by its centroid (an approximation: unweighted centroids)."""
+    point labelled by its centroid (an approximation: unweighted centroids), so memory stays
+    O(N·D + n_fine²).
+
+    Args:
+        points: (N, D) points in Euclidean space (array or tensor), N ≥ 2, finite.
+        levels: cluster counts, strictly decreasing (finest first), ``levels[0] <= N``.
+        method: ``"ward"`` or ``"average"``.
+        max_exact: largest N clustered exactly.
+
+    Returns:
+        (N, K) int64 cluster ids, column k numbered 0..levels[k]-1, nested across columns.
+
+    Raises:
+        ValueError: bad ``levels`` or ``method``, points not (N ≥ 2, D), NaN/Inf, more clusters
+            than points, or k-means leaving fewer non-empty clusters than ``levels[0]``.
+
+    Design note: docs/design/pseudo-labels.md
+    """
     from scipy.cluster.hierarchy import fcluster, linkage
 
     levels = _check_levels(levels)
@@ -189,9 +152,19 @@ def _principal_axes(features):
     return mean, u, s, vt, rank
 
 
-def pca_whiten(features, dim: int) -> torch.Tensor:
-    """The centred ``features`` (N × F) on their top ``dim`` principal directions, each scaled to
-    unit variance (float64; ``dim`` is capped at the rank)."""
+def pca_whiten(features: Any, dim: int) -> torch.Tensor:
+    """PCA whitening: the centred features on their top principal directions at unit variance.
+
+    Args:
+        features: (N, F) array or tensor.
+        dim: number of directions kept (capped at the rank of the centred features).
+
+    Returns:
+        (N, min(dim, rank)) float64 tensor.
+
+    Raises:
+        ValueError: when the centred features have rank 0.
+    """
     _, u, _, _, rank = _principal_axes(features)
     keep = min(dim, rank)
     if keep < 1:
@@ -199,11 +172,26 @@ def pca_whiten(features, dim: int) -> torch.Tensor:
     return u[:, :keep] * np.sqrt(max(u.shape[0] - 1, 1))
 
 
-def merge_small_clusters(labels, points, min_size: int) -> np.ndarray:
-    """Give every finest-level cluster with fewer than ``min_size`` members the whole label row of
-    the nearest (by centroid) cluster that has enough: levels stay nested, no pseudo-class is
-    smaller than ``min_size`` (a class-balanced sampler draws small classes with replacement, and a
-    duplicated sample is a zero distance the log-ratio loss cannot take the log of)."""
+def merge_small_clusters(labels: Any, points: Any, min_size: int) -> np.ndarray:
+    """Merge every finest-level cluster with fewer than ``min_size`` members into the nearest one.
+
+    A small cluster takes the whole label row of the cluster with the nearest centroid among those
+    with at least ``min_size`` members, so levels stay nested. Why: a class-balanced sampler draws
+    small classes with replacement, and a duplicated sample is a zero distance the log-ratio loss
+    cannot take the log of.
+
+    Args:
+        labels: (N,) or (N, K) integer labels, finest level first.
+        points: (N, D) points the centroids are computed from.
+        min_size: smallest allowed cluster (integer ≥ 1).
+
+    Returns:
+        (N, K) int64 labels renumbered 0..n_k-1 per column (``labels`` itself, copied, when no
+        cluster is small).
+
+    Raises:
+        ValueError: bad ``min_size``, row counts that differ, or no cluster with ``min_size`` members.
+    """
     labels = np.array(labels.cpu() if torch.is_tensor(labels) else labels, dtype=np.int64, copy=True)
     if labels.ndim == 1:
         labels = labels[:, None]
@@ -231,17 +219,34 @@ def merge_small_clusters(labels, points, min_size: int) -> np.ndarray:
     return _compact(labels)
 
 
-def whitening_head_init(linear, features, scale: float = 1.0) -> int:
-    """Warm start of an embedding head's ``linear`` (F → D) as the PCA whitening of ``features``
-    (N × F, the trunk's outputs on the training images; no label used): row i = the i-th principal
-    direction divided by its standard deviation, bias = −W·mean, so ``linear(f)`` is the centred
-    ``f`` on its top D principal directions at unit variance each (what
-    :func:`pca_whiten` returns, up to the overall scale). The weight is then rescaled to ``scale``
-    times the Frobenius norm of the default (semi-)orthogonal init, √min(D, F): the head's output
-    direction does not depend on that scale, so it sets how far one optimiser step moves it (a larger
-    scale, a smaller step: a trust region around the warm start for AdamW). Rows beyond the
-    features' rank are zero. Returns the number of whitened rows. Modifies ``linear`` in place
-    (same Parameter objects, so optimisers built before still hold them)."""
+def whitening_head_init(linear: torch.nn.Linear, features: Any, scale: float = 1.0) -> int:
+    r"""Warm-start an embedding head's linear layer (F → D) as the PCA whitening of ``features``.
+
+    .. math:: W_{i\cdot} = \frac{v_i^\top}{\sigma_i}, \qquad b = -W\mu, \qquad
+              W \leftarrow \text{scale}\cdot\sqrt{\min(D, F)}\,\frac{W}{\|W\|_F}
+
+    with :math:`v_i, \sigma_i` the i-th principal direction and standard deviation of the features
+    and :math:`\mu` their mean, so ``linear(f)`` is the centred ``f`` on its top D principal
+    directions at equal variance (:func:`pca_whiten` up to the overall scale). Rows beyond the
+    features' rank are zero. No label is used. Why the rescaling: the head's output direction does
+    not depend on the weight's scale, so ``scale`` sets how far one optimiser step moves it (a larger
+    scale, a smaller step: a trust region around the warm start for AdamW).
+
+    Args:
+        linear: the head's ``torch.nn.Linear`` (with a bias); modified in place (same Parameter
+            objects, so optimisers built before still hold them).
+        features: (N ≥ 2, F) trunk outputs on the training images, finite.
+        scale: multiple of the default (semi-)orthogonal init's Frobenius norm, √min(D, F); > 0.
+
+    Returns:
+        The number of whitened rows, min(D, rank).
+
+    Raises:
+        ValueError: ``linear`` is not a Linear with a bias, bad ``scale``, features of the wrong
+            shape, NaN/Inf, or rank 0.
+
+    Design note: docs/design/pseudo-labels.md
+    """
     if not isinstance(linear, torch.nn.Linear) or linear.bias is None:
         raise ValueError(f"linear must be a torch.nn.Linear with a bias (it centres the features), "
                          f"got {linear!r}")
@@ -253,9 +258,8 @@ def whitening_head_init(linear, features, scale: float = 1.0) -> int:
         raise ValueError(f"features must have shape (N >= 2, {linear.in_features}), got {tuple(f.shape)}")
     if not torch.isfinite(f).all():
         raise ValueError("features contain NaN/Inf")
-    # the thin SVD of pca_whiten (95 MB for the 4,640 glyph images at F = 1280); an eigendecomposition
-    # of the covariance would need less, but it flips signs / rounds differently, and the figures in
-    # the notes near the top of this module were measured with this one
+    # the thin SVD of pca_whiten, not an eigendecomposition of the covariance (which flips signs and
+    # rounds differently): the defaults were chosen with this one (docs/design/pseudo-labels.md)
     mean, _, s, vt, rank = _principal_axes(f)
     if rank < 1:
         raise ValueError("features have rank 0: nothing to whiten")
@@ -273,18 +277,23 @@ def whitening_head_init(linear, features, scale: float = 1.0) -> int:
 class UnsupervisedPseudoLabels:
     """What the unsupervised method clusters, how, and when: ``(features, embeddings) → (N, K)``.
 
+    Ward on embeddings runs in the tangent space at the origin (``logmap0``); on features, in the
+    Euclidean space of the unit-normalised features (cosine geometry); exact up to 20,000 points,
+    k-means + linkage of the centroids above (:func:`linkage_levels`). Why Ward, the backbone
+    features and one level of 512 clusters by default: average linkage chains on these features and
+    the head is untrained at step 0 (the design note has the comparison).
+
     Args:
         levels: clusters per level, finest first. Default ``(512,)`` (one level, chosen on the glyph
-            validation split, see the notes above this class; ``(128,)`` before issue 13); the paper's
-            K = 4 setting is :data:`PAPER_PSEUDO_LEVELS`.
+            validation split); the paper's K = 4 setting is :data:`PAPER_PSEUDO_LEVELS`.
         c: curvature of the embeddings' ball.
         linkage: ``"ward"`` (default) or ``"average"`` (the paper's Eq. 3; on embeddings it is
             :class:`~pml_hyperbolic.miners.HierarchicalPseudoLabeler`, the Poincaré distance).
         source: ``"features"`` (default): always the (pre-trained) backbone features, so the labels
             are computed once and reused; ``"features_then_embeddings"`` (the paper: pre-trained
             features for the initialisation, then the learned embeddings at every re-clustering);
-            ``"embeddings"``: always the embeddings (the earlier behaviour of this package; at step
-            0 that clusters a randomly initialised head).
+            ``"embeddings"``: always the embeddings (at step 0 that clusters a randomly initialised
+            head).
         min_cluster_size: finest clusters smaller than this are merged (:func:`merge_small_clusters`;
             1 disables). Default 4 = the class-balanced sampler's samples per class.
         whiten: cluster the backbone features after PCA whitening to this many dimensions (fit on
@@ -292,13 +301,15 @@ class UnsupervisedPseudoLabels:
             ``None``: only L2-normalised. Embeddings are never whitened.
         seed: seed of the average-linkage labeler.
 
-    Ward on embeddings runs in the tangent space at the origin (``logmap0``); on features, in the
-    Euclidean space of the unit-normalised features (cosine geometry); exact up to 20,000 points,
-    k-means + linkage of the centroids above (:func:`linkage_levels`).
+    Raises:
+        ValueError: bad ``levels``, ``whiten``, ``linkage``, ``source``, ``min_cluster_size`` or ``c``.
+
+    Design note: docs/design/pseudo-labels.md
     """
 
-    def __init__(self, levels=DEFAULT_PSEUDO_LEVELS, c=0.1, linkage="ward", source="features",
-                 min_cluster_size: int = 4, whiten=DEFAULT_WHITEN, seed: int = 0):
+    def __init__(self, levels: Sequence[int] = DEFAULT_PSEUDO_LEVELS, c: float = 0.1, linkage: str = "ward",
+                 source: str = "features", min_cluster_size: int = 4, whiten: Optional[int] = DEFAULT_WHITEN,
+                 seed: int = 0):
         self.levels = _check_levels(levels)
         if whiten is not None and (isinstance(whiten, bool) or not isinstance(whiten, (int, np.integer))
                                    or whiten < 1):
@@ -320,14 +331,25 @@ class UnsupervisedPseudoLabels:
         self._cached = None
 
     @classmethod
-    def paper(cls, c=0.1, seed=0, levels=PAPER_PSEUDO_LEVELS, min_cluster_size=4):
+    def paper(cls, c: float = 0.1, seed: int = 0, levels: Sequence[int] = PAPER_PSEUDO_LEVELS,
+              min_cluster_size: int = 4) -> "UnsupervisedPseudoLabels":
         """Yan et al.'s setting: average linkage, K = 4 levels (100, 70, 40, 10), pre-trained
         features at the start, learned embeddings at every re-clustering.
 
         ``min_cluster_size`` is not the paper's (it has none); 4 by default because average linkage
         leaves singleton clusters, which a class-balanced sampler repeats within a batch: a
-        duplicated sample is a zero Poincaré distance whose gradient is NaN (measured: the paper's
-        setting with ``min_cluster_size=1`` stops with NaN embeddings on the glyph bench)."""
+        duplicated sample is a zero Poincaré distance whose gradient is NaN (with 1 the paper's
+        setting ends with NaN embeddings on the bundled glyphs).
+
+        Args:
+            c: curvature of the embeddings' ball.
+            seed: seed of the average-linkage labeler.
+            levels: clusters per level, finest first.
+            min_cluster_size: finest clusters smaller than this are merged.
+
+        Returns:
+            The policy.
+        """
         return cls(levels=levels, c=c, linkage="average", source="features_then_embeddings",
                    min_cluster_size=min_cluster_size, whiten=None, seed=seed)
 
@@ -356,10 +378,19 @@ class UnsupervisedPseudoLabels:
         """Whether the next call needs the backbone features (False once the labels are cached)."""
         return not self.uses_embeddings() and self._cached is None
 
-    def __call__(self, features=None, embeddings=None) -> torch.Tensor:
-        """(N, K) int64 pseudo-labels, finest first. ``features``: (N, F) backbone features;
-        ``embeddings``: (N, D) points of the ball; only the one :meth:`uses_features` /
-        :meth:`uses_embeddings` asks for is needed."""
+    def __call__(self, features: Any = None, embeddings: Any = None) -> torch.Tensor:
+        """Cluster and return the pseudo-labels of the next round.
+
+        Args:
+            features: (N, F) backbone features; needed when :meth:`uses_features` is True.
+            embeddings: (N, D) points of the ball; needed when :meth:`uses_embeddings` is True.
+
+        Returns:
+            (N, K) int64 pseudo-labels, finest level first.
+
+        Raises:
+            ValueError: when the input this round needs is missing or has the wrong shape.
+        """
         if self.uses_embeddings():
             if embeddings is None:
                 raise ValueError(f"source={self.source!r}: round {self.rounds_} clusters the embeddings; pass them")
@@ -408,8 +439,10 @@ class PseudoLabelTraining:
     at step 0 and at the start of every epoch, and rebuilds the class-balanced sampler on the new
     finest-level labels. Before the first clustering, ``args.head_init == "whiten"`` warm-starts the
     head (:meth:`warm_start_head`; the trunk outputs are computed once for both); recipes without
-    that argument (``bench/_recipe_rows.PMLBaseline``) keep their head as built. With
-    ``args.supervised`` it stays out of the way (real labels, no warm start).
+    that argument keep their head as built. With ``args.supervised`` it stays out of the way (real
+    labels, no warm start).
+
+    Design note: docs/design/pseudo-labels.md
     """
 
     _labels_step = None
@@ -425,9 +458,13 @@ class PseudoLabelTraining:
         return compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
                                   self.args.eval_batch_size)
 
-    def warm_start_head(self):
+    def warm_start_head(self) -> None:
         """``--head-init whiten``: the head's linear layer starts as the PCA whitening of the training
-        images' trunk outputs (:func:`whitening_head_init`, no label used); ``random``: left as built."""
+        images' trunk outputs (:func:`whitening_head_init`, no label used); ``random``: left as built.
+
+        Raises:
+            ValueError: unknown ``head_init``, or a head without a ``.linear`` layer.
+        """
         mode = getattr(self.args, "head_init", None)
         if mode in (None, "random"):
             return
@@ -443,8 +480,12 @@ class PseudoLabelTraining:
         self.say(f"[pseudo-labels] head warm start: PCA whitening of the training features ({k} of "
                  f"{linear.out_features} rows, scale {self.args.head_init_scale:g})")
 
-    def relabel(self, step):
-        """Cluster the current training-set embeddings into the K-level pseudo-labels."""
+    def relabel(self, step: int) -> None:
+        """Cluster the training set into the K-level pseudo-labels (once per ``step``).
+
+        Args:
+            step: the global step; a second call at the same step does nothing.
+        """
         from .runner import compute_embeddings
 
         if self._labels_step == step:
@@ -462,7 +503,8 @@ class PseudoLabelTraining:
         sizes = [int(labels[:, k].max()) + 1 for k in range(labels.shape[1])]
         self.say(f"[pseudo-labels] step {step}: clusters per level {sizes}")
 
-    def build_sampler(self, labels, per_rank_batch):
+    def build_sampler(self, labels: Any, per_rank_batch: int):
+        """The class-balanced sampler over the step-0 pseudo-labels (``labels`` when supervised)."""
         if self.args.supervised:
             return super().build_sampler(labels, per_rank_batch)
         if getattr(self.args, "head_init", None) not in (None, "random"):
@@ -475,7 +517,8 @@ class PseudoLabelTraining:
         self._per_rank_batch = per_rank_batch
         return super().build_sampler(self.train_set.labels[:, 0], per_rank_batch)
 
-    def trainer_kwargs(self):
+    def trainer_kwargs(self) -> dict:
+        """``start_of_epoch_hook``: re-cluster and rebuild the sampler before each epoch."""
         if self.args.supervised:
             return {}
 

@@ -1,17 +1,36 @@
-"""Per-epoch CSV log (and TensorBoard when installed) written by rank 0 only."""
+"""Per-epoch CSV log (and TensorBoard when installed) written by rank 0 only.
+
+Design note: docs/design/training.md
+"""
 from __future__ import annotations
 
 import csv
 import json
 import os
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
+
+TENSORBOARD_MISSING_NOTE = ("note: TensorBoard is not installed; install pml-hyperbolic[tensorboard] to log "
+                            "curves (use --no-tensorboard to silence this)")
 
 
 class RunLogger:
     """Appends one row per epoch to ``<run_dir>/log.csv`` (loss, lr, curvature, Recall@K, ...).
 
     Columns are fixed by the first row written; a resumed run appends to the same file after
-    dropping rows of epochs it is about to redo, so the CSV never holds duplicate epochs.
+    dropping rows of epochs it is about to redo, so the CSV never holds duplicate epochs. With
+    ``tensorboard`` the same scalars also go to ``<run_dir>/tensorboard/`` when the ``tensorboard``
+    package can be imported; when it cannot, the run goes on with the CSV alone and
+    :attr:`tensorboard_note` says why (the recipes print it once).
+
+    Args:
+        run_dir: the run folder (created when ``enabled``).
+        enabled: False on every process but rank 0: nothing is written.
+        tensorboard: also log to TensorBoard when it is installed.
+
+    Attributes:
+        writer: the ``SummaryWriter``, or None when TensorBoard logging is off.
+        tensorboard_note: one line saying why TensorBoard logging is off although it was requested
+            (:data:`TENSORBOARD_MISSING_NOTE` when the package is missing), else None.
     """
 
     def __init__(self, run_dir: str, enabled: bool = True, tensorboard: bool = True):
@@ -19,6 +38,7 @@ class RunLogger:
         self.enabled = enabled
         self.csv_path = os.path.join(run_dir, "log.csv")
         self.writer = None
+        self.tensorboard_note: Optional[str] = None
         if enabled:
             os.makedirs(run_dir, exist_ok=True)
             if tensorboard:
@@ -26,8 +46,15 @@ class RunLogger:
                     from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
                     self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-                except Exception:  # not installed: CSV only
-                    self.writer = None
+                except ImportError:  # not installed: CSV only
+                    self.tensorboard_note = TENSORBOARD_MISSING_NOTE
+                except Exception as err:  # installed but unusable: CSV only
+                    self.tensorboard_note = f"note: TensorBoard logging is off ({type(err).__name__}: {err})"
+
+    @property
+    def tensorboard_active(self) -> bool:
+        """Whether TensorBoard logs are being written."""
+        return self.writer is not None
 
     def truncate_after(self, epoch: int) -> None:
         """Keep only rows with ``epoch <= epoch`` (called when resuming after ``epoch``)."""
@@ -44,7 +71,8 @@ class RunLogger:
             w.writeheader()
             w.writerows(kept)
 
-    def log_epoch(self, row: Dict) -> None:
+    def log_epoch(self, row: Dict[str, Any]) -> None:
+        """Append ``row`` to the CSV (columns fixed by the first row) and its numbers to TensorBoard."""
         if not self.enabled:
             return
         exists = os.path.isfile(self.csv_path) and os.path.getsize(self.csv_path) > 0
@@ -65,7 +93,8 @@ class RunLogger:
                     self.writer.add_scalar(key, value, step)
             self.writer.flush()
 
-    def write_json(self, name: str, payload: Dict) -> Optional[str]:
+    def write_json(self, name: str, payload: Dict[str, Any]) -> Optional[str]:
+        """Write ``payload`` to ``<run_dir>/<name>`` atomically; returns the path (None when disabled)."""
         if not self.enabled:
             return None
         path = os.path.join(self.run_dir, name)
@@ -76,6 +105,7 @@ class RunLogger:
         return path
 
     def close(self) -> None:
+        """Close the TensorBoard writer, if any."""
         if self.writer is not None:
             self.writer.close()
 

@@ -4,6 +4,8 @@ A recipe script subclasses :class:`Recipe`, adds its flags and per-dataset prese
 ``build_head`` / ``build_loss`` (and, when the training step differs, ``trainer_class``). Running
 ``Recipe.main()`` then gives every recipe the same command line, checkpoints, resume, DDP, logs
 and plots.
+
+Design note: docs/design/training.md
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import gc
 import os
 import random
 import time
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -34,7 +36,18 @@ from .trainer import HyperbolicTrainer, resolve_amp
 # small building blocks (public: tests and other scripts use them)
 # ----------------------------------------------------------------------------------------------
 def select_device(name: str = "auto") -> torch.device:
-    """'auto' → CUDA when available else CPU; an explicit CUDA request without CUDA is an error."""
+    """The device ``--device`` names: 'auto' → CUDA when available else CPU.
+
+    Args:
+        name: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (case and spaces ignored).
+
+    Returns:
+        The ``torch.device``.
+
+    Raises:
+        ConfigError: CUDA requested but unavailable, an index beyond the visible devices, or an
+            unknown name.
+    """
     name = (name or "auto").strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,6 +66,8 @@ def select_device(name: str = "auto") -> torch.device:
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed Python's, NumPy's and torch's generators; ``deterministic`` also asks torch for
+    deterministic algorithms (warn-only) and turns cuDNN benchmarking off."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -61,13 +76,25 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def resolve_dataset(requested: str, data_root: Optional[str], real_default: str):
+def resolve_dataset(requested: str, data_root: Optional[str],
+                    real_default: str) -> Tuple[str, Optional[str], Optional[str]]:
     """Map ``--dataset`` to (canonical name, root, banner-or-None).
 
     'auto' looks for ``real_default`` (``--data-root``, else the dataset's environment variable or
     ``$PML_HYPERBOLIC_DATA``, via :func:`pml_hyperbolic.data.find_dataset_root`); when absent it falls
     back to the bundled glyphs and returns a one-line banner saying so. An explicit ``--data-root``
     that holds no recognisable layout is an error (never a silent fallback).
+
+    Args:
+        requested: the ``--dataset`` value (a key of ``config.DATASET_ALIASES``).
+        data_root: ``--data-root``, or None.
+        real_default: the recipe's real dataset, looked for by ``auto``.
+
+    Returns:
+        ``(name, root or None, banner or None)``.
+
+    Raises:
+        ConfigError: the dataset (or ``--data-root``) does not hold a recognisable layout.
     """
     from ..data import find_dataset_root
     from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
@@ -90,7 +117,8 @@ def resolve_dataset(requested: str, data_root: Optional[str], real_default: str)
 
 
 def missing_data_message(name: str, data_root: Optional[str]) -> str:
-    """helper-1's layout description of ``name`` plus what to do."""
+    """The error text for dataset ``name`` not found at ``data_root``: the layouts the loader
+    accepts, where to get the data, and the flags that fix it."""
     from ..data.registry import DATASET_CLASSES, ROOT_ENVIRONMENT_VARIABLES
     from ..data.image_list import missing_dataset_error
 
@@ -121,8 +149,10 @@ def freeze_patch_embedding(model: torch.nn.Module) -> int:
 
 
 @torch.no_grad()
-def backbone_features(model, dataset, device, max_samples=1000, batch_size=128, seed=0):
-    """Backbone outputs for a seeded subset (δ-hyperbolicity / curvature estimate)."""
+def backbone_features(model: torch.nn.Module, dataset: torch.utils.data.Dataset, device: torch.device,
+                      max_samples: int = 1000, batch_size: int = 128, seed: int = 0) -> torch.Tensor:
+    """Backbone outputs (float32, CPU, eval mode) for a seeded subset of at most ``max_samples``
+    images: the input of the δ-hyperbolicity curvature estimate. The model's mode is restored."""
     n = len(dataset)
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_samples].tolist()
     loader = torch.utils.data.DataLoader(torch.utils.data.Subset(dataset, idx), batch_size=batch_size,
@@ -134,7 +164,9 @@ def backbone_features(model, dataset, device, max_samples=1000, batch_size=128, 
     return torch.cat(feats)
 
 
-def seeded_subset(dataset, max_samples: Optional[int], seed: int = 0):
+def seeded_subset(dataset: torch.utils.data.Dataset, max_samples: Optional[int],
+                  seed: int = 0) -> torch.utils.data.Dataset:
+    """``dataset`` itself, or a seeded subset of ``max_samples`` items (in index order)."""
     if not max_samples or len(dataset) <= max_samples:
         return dataset
     idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:max_samples]
@@ -153,13 +185,19 @@ class LabelledSubset(torch.utils.data.Subset):
         return getattr(self.dataset, "num_classes", None)
 
 
-def train_subset_indices(n: int, max_samples: Optional[int], seed: int = 0):
+def train_subset_indices(n: int, max_samples: Optional[int], seed: int = 0) -> Optional[List[int]]:
+    """Sorted seeded indices of ``max_samples`` of ``n`` training items, or None to keep them all."""
     if not max_samples or n <= max_samples:
         return None
     return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1))[:max_samples].tolist())
 
 
-def dataset_labels(dataset) -> np.ndarray:
+def dataset_labels(dataset: Any) -> np.ndarray:
+    """The first-level ``labels`` of ``dataset`` as a 1-D array.
+
+    Raises:
+        ConfigError: the dataset has no ``labels`` attribute.
+    """
     labels = getattr(dataset, "labels", None)
     if labels is None:
         raise ConfigError(f"{type(dataset).__name__} has no .labels attribute; the class-balanced sampler needs it")
@@ -167,9 +205,13 @@ def dataset_labels(dataset) -> np.ndarray:
     return labels[:, 0] if labels.ndim == 2 else labels
 
 
-def training_class_count(dataset) -> int:
+def training_class_count(dataset: Any) -> int:
     """Number of classes a per-class component (proxies, margins) needs: the dataset's ``num_classes``
-    when it declares one, else 1 + its largest first-level label (labels index the classes)."""
+    when it declares one, else 1 + its largest first-level label (labels index the classes).
+
+    Raises:
+        ConfigError: no labels, or negative labels.
+    """
     declared = getattr(dataset, "num_classes", None)
     if declared is not None:
         return int(declared)
@@ -188,10 +230,13 @@ def freeze_long_lived_objects() -> None:
 
     Why: a run imports torch, PML, scipy, torchvision (with torch._dynamo) and timm, ~500k objects
     that live as long as the process. Each full collection scans all of them and finds nothing, and
-    the imports themselves trigger one each time the heap grows by a quarter: on the main job 7
-    passes, 0.6 CPU s. Frozen, they are skipped; objects created later are collected as usual.
+    the imports themselves trigger one each time the heap grows by a quarter. Frozen, they are
+    skipped; objects created later are collected as usual.
     :meth:`Recipe.run` calls ``gc.unfreeze()`` when it ends (garbage frozen meanwhile is then
-    collectable again)."""
+    collectable again).
+
+    Design note: docs/design/training.md
+    """
     gc.freeze()
 
 
@@ -215,6 +260,8 @@ class Recipe(RecipeCommandLine):
     Recipe scripts subclass :class:`~.cli.RecipeCommandLine` (light); instantiating one makes it a
     subclass of this class. Subclassing ``Recipe`` directly works as well (then importing the script
     imports torch). Subclasses override the builders below.
+
+    Design note: docs/design/training.md
     """
 
     trainer_class = HyperbolicTrainer
@@ -239,10 +286,12 @@ class Recipe(RecipeCommandLine):
         """c for the tester's kNN (None = cosine/Euclidean)."""
         return self.c if self.hyperbolic else None
 
-    def train_dataset(self, dataset):
+    def train_dataset(self, dataset: torch.utils.data.Dataset) -> torch.utils.data.Dataset:
+        """The training set as the trainer sees it (e.g. wrapped for pseudo-labels)."""
         return dataset
 
-    def build_sampler(self, labels, per_rank_batch):
+    def build_sampler(self, labels: np.ndarray, per_rank_batch: int):
+        """The class-balanced batch sampler of this rank."""
         from ..data import ClassBalancedBatchSampler
 
         a = self.args
@@ -253,8 +302,9 @@ class Recipe(RecipeCommandLine):
     def trainer_kwargs(self) -> Dict:
         return {}
 
-    def plots(self, embeddings, labels, reference_embeddings=None, reference_labels=None) -> Dict[str, str]:
-        """Poincaré disk + uncertainty-vs-recall of the final test embeddings (helper-D's plots)."""
+    def plots(self, embeddings: torch.Tensor, labels: torch.Tensor, reference_embeddings: Optional[torch.Tensor] = None,
+              reference_labels: Optional[torch.Tensor] = None) -> Dict[str, str]:
+        """Poincaré disk + uncertainty-vs-recall of the final test embeddings; ``{name: png path}``."""
         if not self.hyperbolic or embeddings is None:
             return {}
         from ..evaluation import plot_poincare_disk, plot_uncertainty_vs_recall
@@ -275,7 +325,7 @@ class Recipe(RecipeCommandLine):
                                                reference_embeddings=reference_embeddings,
                                                reference_labels=reference_labels,
                                                title=f"Recall@1 per uncertainty bin\n({protocol})",
-                                               n_bins=5,  # quintiles: ~±3 points of noise per bin at 1,000 queries
+                                               n_bins=5,  # quintiles: enough queries per bin to read its recall
                                                **({"clip_r": clip} if clip is not None else {}))
         # The plot is drawn for every hyperbolic recipe; only Hyp-UML (whose loss uses the uncertainty)
         # explains a degenerate one. Its bins are printed in the end-of-run summary.
@@ -292,7 +342,9 @@ class Recipe(RecipeCommandLine):
             reference_labels=reference_labels, **({"clip_r": clip} if clip is not None else {}))
         return out
 
-    def retrieval_grid(self, embeddings, labels, reference_embeddings=None, reference_labels=None) -> Dict[str, str]:
+    def retrieval_grid(self, embeddings: torch.Tensor, labels: torch.Tensor,
+                       reference_embeddings: Optional[torch.Tensor] = None,
+                       reference_labels: Optional[torch.Tensor] = None) -> Dict[str, str]:
         """Top-5 neighbours of six seeded queries on the run's own protocol (every recipe): correct
         neighbours framed green, wrong ones red."""
         from ..data.transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -312,7 +364,8 @@ class Recipe(RecipeCommandLine):
         return {"retrieval_grid": path}
 
     # ---- setup ----
-    def say(self, *parts) -> None:
+    def say(self, *parts: Any) -> None:
+        """Print on the main process only."""
         if self.ctx.is_main:
             print(*parts, flush=True)
 
@@ -392,15 +445,14 @@ class Recipe(RecipeCommandLine):
         self.head = self.build_head(dim).to(self.device)
 
     def channels_last(self) -> bool:
-        """``--memory-format``: channels-last for the backbone ('auto': on CPU only; bench/main_job.py
-        measured the glyph job's frozen trunk at 5.1 against 6.6 CPU s in training and 4.1 against
-        5.4 s in evaluation, its printed Recall@K unchanged)."""
+        """``--memory-format``: whether the backbone runs channels-last ('auto': on CPU only, where
+        oneDNN's convolutions are native NHWC; the printed Recall@K does not change)."""
         choice = getattr(self.args, "memory_format", "auto")
         if choice == "auto":
             return self.device.type == "cpu"
         return choice == "channels_last"
 
-    def setup_geometry(self, features_fn=None) -> None:
+    def setup_geometry(self, features_fn: Optional[Callable[[], torch.Tensor]] = None) -> None:
         """``self.c`` and ``self.geometry`` (the one :class:`PoincareGeometry` every component shares)
         from ``--curvature`` and ``--clip-r``; ``--curvature auto`` estimates c from the δ-hyperbolicity
         of ``features_fn()`` (backbone features of training images). Non-hyperbolic recipes: None."""
@@ -425,7 +477,7 @@ class Recipe(RecipeCommandLine):
             clip_r = getattr(a, "clip_r", None)
             self.geometry = PoincareGeometry(c=self.c, clip="hard" if clip_r is not None else None, clip_r=clip_r)
 
-    def build_optimizers(self, trunk, head, loss_funcs: Dict) -> Dict:
+    def build_optimizers(self, trunk: torch.nn.Module, head: torch.nn.Module, loss_funcs: Dict) -> Dict:
         a = self.args
         # PML convention: one optimiser per model ("trunk_optimizer", "embedder_optimizer").
         opts = {}
@@ -472,7 +524,11 @@ class Recipe(RecipeCommandLine):
         """``(loss_funcs, miner, optimizers, trainer_class, trainer_kwargs)`` of this recipe's training step,
         after :meth:`setup_model`: its loss and miner, the ``--radial-calibration`` / ``--degraded-copies``
         terms beside them (``training/radius_terms.py``), the optimisers, the loss modules on ``self.device``
-        and the trainer class those terms need. :meth:`_run` trains with them; ``bench/gpu_step.py`` times them."""
+        and the trainer class those terms need. :meth:`_run` trains with them.
+
+        Raises:
+            ConfigError: ``--degraded-copies`` with a trainer class that is not a ``DegradedCopyTrainer``.
+        """
         loss = self.build_loss()
         miner = self.build_miner()
         loss_funcs = loss if isinstance(loss, dict) else {"metric_loss": loss}
@@ -532,6 +588,9 @@ class Recipe(RecipeCommandLine):
         config["dataset_resolved"] = self.dataset_name
         self.config = config
         run_logger = RunLogger(self.run_dir, enabled=self.ctx.is_main, tensorboard=not a.no_tensorboard)
+        if run_logger.tensorboard_note:  # requested but unavailable: said once, recorded as off
+            self.say(run_logger.tensorboard_note)
+            config["no_tensorboard"] = True
         checkpoints = CheckpointManager(self.run_dir, config, enabled=self.ctx.is_main)
         resume_path = checkpoints.resolve(a.resume)
         checkpoint = checkpoints.load(resume_path) if resume_path else None
@@ -634,6 +693,7 @@ class Recipe(RecipeCommandLine):
                 "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
                 "uncertainty_failure_auroc": getattr(self, "uncertainty_auroc", None),
                 "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()},
+                "tensorboard_logging": run_logger.tensorboard_active,
             }
             unreadable = self.count_unreadable()
             if unreadable:
@@ -661,10 +721,21 @@ class Recipe(RecipeCommandLine):
 PHASE_ORDER = ("data", "model", "eval before", "training", "eval after", "plots")
 
 
-def format_summary(results: Dict, k_values, results_path: Optional[str], checkpoint_paths,
-                   uncertainty_bins: bool = False) -> str:
+def format_summary(results: Dict, k_values: Sequence[int], results_path: Optional[str],
+                   checkpoint_paths: Sequence[str], uncertainty_bins: bool = False) -> str:
     """The end-of-run summary (~8 lines): Recall@K before/after for each K, the time of each phase,
-    and where the results, checkpoints and plots are."""
+    and where the results, checkpoints and plots are.
+
+    Args:
+        results: the run's ``results.json`` payload.
+        k_values: the K of Recall@K (columns).
+        results_path: where ``results.json`` was written, or None.
+        checkpoint_paths: the checkpoint files written.
+        uncertainty_bins: add the uncertainty bins and AUROC lines (Hyp-UML).
+
+    Returns:
+        The summary, lines joined by newlines.
+    """
     ks = list(k_values)
     epochs = results.get("epochs_completed", 0)
     head = (f"[pml-hyperbolic] summary: {results.get('recipe')} on {results.get('dataset')}, {epochs} epoch"
@@ -698,8 +769,15 @@ def format_summary(results: Dict, k_values, results_path: Optional[str], checkpo
 
 
 @torch.no_grad()
-def compute_embeddings(trunk, head, dataset, device, batch_size=128, num_workers=0) -> torch.Tensor:
-    """Head outputs (float32, CPU) of a whole dataset in eval mode; modules' modes are restored."""
+def compute_embeddings(trunk: torch.nn.Module, head: torch.nn.Module, dataset: torch.utils.data.Dataset,
+                       device: torch.device, batch_size: int = 128, num_workers: int = 0) -> torch.Tensor:
+    """Head outputs (float32, CPU) of a whole dataset in eval mode; modules' modes are restored.
+
+    Rows of unreadable images stay at the origin.
+
+    Raises:
+        RuntimeError: no image of the dataset was readable.
+    """
     trunk, head = unwrap(trunk), unwrap(head)
     modes = (trunk.training, head.training)
     trunk.eval()

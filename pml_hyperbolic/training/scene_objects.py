@@ -10,12 +10,14 @@ Each item is ``(scene, object_view_1, object_view_2, object_label)``:
 pasted without overlap on one canvas, so every object box lies inside its scene box);
 :class:`CocoSceneObjects` reads a COCO-style annotation file (``images``/``annotations`` with
 ``bbox = [x, y, w, h]``).
+
+Design note: docs/design/training.md
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,6 +27,7 @@ Box = Tuple[float, float, float, float]  # x0, y0, x1, y1
 
 
 def union_box(boxes: Sequence[Box]) -> Box:
+    """The smallest box containing every box of ``boxes``."""
     b = np.asarray(boxes, dtype=np.float64)
     return float(b[:, 0].min()), float(b[:, 1].min()), float(b[:, 2].max()), float(b[:, 3].max())
 
@@ -36,7 +39,7 @@ def enlarge_box(box: Box, factor: float, width: float, height: float) -> Box:
     return max(0.0, cx - w / 2), max(0.0, cy - h / 2), min(width, cx + w / 2), min(height, cy + h / 2)
 
 
-def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentation: str = "crop"):
+def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentation: str = "crop") -> Callable:
     """The augmentation of an object crop: for photos MoCo v2's (random resized crop, flip, colour
     jitter, greyscale); for glyphs :func:`~pml_hyperbolic.data.transforms.glyph_view_transform` with
     ``glyph_augmentation`` (``"crop"``: the random resized crop alone; ``"font"``: typeface-like changes)."""
@@ -51,7 +54,8 @@ def default_view_transform(image_size: int, kind: str = "glyph", glyph_augmentat
                       T.ToTensor(), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
 
 
-def default_scene_transform(image_size: int):
+def default_scene_transform(image_size: int) -> Callable:
+    """Resize the scene crop to ``image_size`` square, then ImageNet normalisation."""
     from torchvision import transforms as T
 
     return T.Compose([T.Resize((image_size, image_size), antialias=True), T.ToTensor(),
@@ -89,14 +93,21 @@ class ComposedGlyphScenes(_SceneObjectBase):
         glyphs: a :class:`~pml_hyperbolic.data.GlyphDataset` built with ``transform=None`` (PIL images).
         num_scenes: dataset length (default: one per glyph image).
         canvas_size: side of the square canvas in pixels.
-        min_objects / max_objects: objects per scene (HCL: 2–5).
-        glyph_augmentation: how the two object views are augmented when no ``view_transform`` is
-            given: ``"crop"`` (default; random resized crop only) or ``"font"`` (typeface-like changes),
-            see :func:`~pml_hyperbolic.data.transforms.glyph_view_transform`.
+        min_objects: fewest objects per scene (at least 2).
+        max_objects: most objects per scene (HCL: up to 5).
+        image_size: side of the scene and object tensors.
+        seed: seed of the layouts.
+        **kwargs: ``view_transform``, ``scene_transform``, ``enlarge`` (object box scale, default 1.2)
+            and ``glyph_augmentation``: how the two object views are augmented when no
+            ``view_transform`` is given, ``"crop"`` (default; random resized crop only) or ``"font"``
+            (typeface-like changes), see :func:`~pml_hyperbolic.data.transforms.glyph_view_transform`.
+
+    Raises:
+        ValueError: unless 2 ≤ ``min_objects`` ≤ ``max_objects``.
     """
 
-    def __init__(self, glyphs, num_scenes: Optional[int] = None, canvas_size: int = 112, min_objects: int = 2,
-                 max_objects: int = 4, image_size: int = 64, seed: int = 0, **kwargs):
+    def __init__(self, glyphs: Any, num_scenes: Optional[int] = None, canvas_size: int = 112, min_objects: int = 2,
+                 max_objects: int = 4, image_size: int = 64, seed: int = 0, **kwargs: Any):
         super().__init__(image_size=image_size, kind="glyph", **kwargs)
         if not 2 <= min_objects <= max_objects:
             raise ValueError(f"need 2 <= min_objects <= max_objects, got {min_objects}, {max_objects}")
@@ -152,10 +163,24 @@ class CocoSceneObjects(_SceneObjectBase):
     Images with at least ``min_objects`` boxes (area ≥ ``min_area`` pixels, not ``iscrowd``) are
     kept; item ``i`` picks 2–``max_objects`` of its boxes (seeded by (seed, i)) as the scene and one
     of them as the object. Labels are COCO category ids (unused by the loss).
+
+    Args:
+        annotation_file: the COCO-style JSON file.
+        image_dir: folder of the images it names.
+        min_objects: fewest kept boxes for an image to be used (and per scene).
+        max_objects: most boxes per scene.
+        min_area: smallest box area in pixels.
+        image_size: side of the scene and object tensors.
+        seed: seed of each item's choice of boxes.
+        **kwargs: ``view_transform``, ``scene_transform``, ``enlarge``, ``glyph_augmentation``.
+
+    Raises:
+        FileNotFoundError: a missing file or folder.
+        ValueError: not COCO-style, or no image with enough boxes.
     """
 
     def __init__(self, annotation_file: str, image_dir: str, min_objects: int = 2, max_objects: int = 5,
-                 min_area: float = 32 * 32, image_size: int = 224, seed: int = 0, **kwargs):
+                 min_area: float = 32 * 32, image_size: int = 224, seed: int = 0, **kwargs: Any):
         super().__init__(image_size=image_size, kind="photo", **kwargs)
         if not os.path.isfile(annotation_file):
             raise FileNotFoundError(f"annotation file not found: {annotation_file}")

@@ -1,13 +1,16 @@
 """PML ``MetricLossOnly`` with mixed precision, correct clipping under a GradScaler, a fresh
 per-epoch data order (so an interrupted run resumes exactly), a step budget and start-of-epoch
-hooks (used by the unsupervised recipe to re-cluster)."""
+hooks (used by the unsupervised recipe to re-cluster).
+
+Design note: docs/design/training.md
+"""
 from __future__ import annotations
 
 import math
 import os
 import sys
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import tqdm
@@ -15,11 +18,22 @@ from pytorch_metric_learning.trainers import MetricLossOnly
 from pytorch_metric_learning.utils import common_functions as c_f
 
 
-def resolve_amp(amp: str, device: torch.device):
-    """``--amp`` → (autocast dtype or None, whether a GradScaler is needed).
+def resolve_amp(amp: str, device: torch.device) -> Tuple[Optional[torch.dtype], bool]:
+    """Map ``--amp`` to an autocast dtype and whether a GradScaler is needed.
 
     'auto' is fp16 + scaler on CUDA and off on CPU (CPU autocast of convolutions is slower than
     float32 on most machines). bf16 has fp32's exponent range, so it needs no scaler.
+
+    Args:
+        amp: ``"auto"``, ``"off"``, ``"fp16"`` or ``"bf16"``.
+        device: the device the models run on.
+
+    Returns:
+        ``(dtype or None, use_grad_scaler)``.
+
+    Raises:
+        ConfigError: fp16 requested on a non-CUDA device.
+        ValueError: an unknown ``amp``.
     """
     if amp == "off" or (amp == "auto" and device.type != "cuda"):
         return None, False
@@ -36,10 +50,8 @@ def resolve_amp(amp: str, device: torch.device):
     raise ValueError(f"amp must be one of auto/off/fp16/bf16, got {amp!r}")
 
 
-# Images per call of a frozen trunk on CPU. The batch's activations of a small CNN overflow the CPU
-# caches at a few hundred images: EfficientNet-Lite0 at 48 px, 1 thread, costs 2.3 ms per image in
-# batches of 256, 1.7 ms in batches of 120 and 1.25-1.3 ms in chunks of 48-64 (same outputs, bit
-# for bit; see bench/main_job.py and the report of issue 16).
+# Images per call of a frozen trunk on CPU: a small CNN's activations for a few hundred images
+# overflow the CPU caches; smaller chunks give the same outputs bit for bit (docs/design/training.md).
 CPU_TRUNK_CHUNK_SIZE = 64
 
 
@@ -50,6 +62,19 @@ def forward_in_chunks(model: torch.nn.Module, images: torch.Tensor, chunk_size: 
 
     Only exact for a model whose output rows depend on their own input row alone (eval mode: no
     batch statistics); callers check that (:func:`chunked_forward_applies`).
+
+    Args:
+        model: the module to apply.
+        images: (B, ...) batch.
+        chunk_size: target rows per chunk (≥ 1).
+
+    Returns:
+        The concatenated outputs, as ``model(images)``.
+
+    Raises:
+        ValueError: ``chunk_size < 1``.
+
+    Design note: docs/design/training.md
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -59,8 +84,12 @@ def forward_in_chunks(model: torch.nn.Module, images: torch.Tensor, chunk_size: 
     return torch.cat([model(chunk) for chunk in torch.tensor_split(images, n_chunks)])
 
 
-def checked_chunk_size(chunk_size) -> Optional[int]:
-    """``trunk_chunk_size`` as an int (or None = whole batches); anything else is refused."""
+def checked_chunk_size(chunk_size: Optional[int]) -> Optional[int]:
+    """``trunk_chunk_size`` as an int (or None = whole batches).
+
+    Raises:
+        ValueError: anything but None or a positive int.
+    """
     if chunk_size is None:
         return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -74,7 +103,8 @@ def is_frozen(model: torch.nn.Module) -> bool:
     return not any(p.requires_grad for p in model.parameters())
 
 
-def chunked_forward_applies(model, images, chunk_size: Optional[int], require_frozen: bool = True) -> bool:
+def chunked_forward_applies(model: Any, images: Any, chunk_size: Optional[int],
+                            require_frozen: bool = True) -> bool:
     """Chunking pays and is exact: a model in eval mode (and frozen, unless ``require_frozen`` is
     False: under ``torch.no_grad`` it does not matter) on a CPU tensor larger than a chunk. GPUs want
     large batches, and their kernels may change with the batch size."""
@@ -94,12 +124,21 @@ def retain_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 25
 
     Why: a CNN forward on CPU allocates and frees tens of MB of activations per batch. glibc serves
     blocks above its mmap threshold with fresh ``mmap`` pages and trims the heap top once more than
-    ``2 x`` that threshold is free, so each batch faults its activations in anew: for the main job's
-    evaluation pass (EfficientNet-Lite0, 4,640 glyphs at 48 px, 1 thread) 1.0-1.8 M minor faults and
-    2-3.4 s of kernel time per pass, 30-40 % of its CPU, with the same user time. Blocks up to
-    ``mmap_threshold`` (glibc's ceiling, 32 MiB) then come from the heap, and up to ``trim_threshold``
-    bytes of free heap stay mapped. Process-wide and applied once; a no-op (False) where the C
-    library has no ``mallopt`` (macOS, musl)."""
+    ``2 x`` that threshold is free, so each batch faults its activations in anew (page faults and
+    kernel time, not user time). Blocks up to ``mmap_threshold`` (glibc's ceiling, 32 MiB) then come
+    from the heap, and up to ``trim_threshold`` bytes of free heap stay mapped. Process-wide and
+    applied once.
+
+    Args:
+        mmap_threshold: glibc's ``M_MMAP_THRESHOLD`` in bytes.
+        trim_threshold: glibc's ``M_TRIM_THRESHOLD`` in bytes.
+
+    Returns:
+        True when the setting is in effect; False where the C library has no ``mallopt`` (macOS,
+        musl) or refused it.
+
+    Design note: docs/design/training.md
+    """
     global _freed_memory_retained
     if _freed_memory_retained:
         return True
@@ -127,7 +166,7 @@ def _scalar(value) -> float:
     return float(value.detach()) if torch.is_tensor(value) else float(value)
 
 
-def is_batch_sampler(sampler) -> bool:
+def is_batch_sampler(sampler: Any) -> bool:
     """True for samplers that yield whole batches (``ClassBalancedBatchSampler`` is not a
     ``torch.utils.data.BatchSampler`` subclass, so PML's own check would misuse it)."""
     return isinstance(sampler, torch.utils.data.BatchSampler) or hasattr(sampler, "samples_per_class")
@@ -136,7 +175,9 @@ def is_batch_sampler(sampler) -> bool:
 class HyperbolicTrainer(MetricLossOnly):
     """``MetricLossOnly`` plus AMP, unscale-then-clip, per-epoch ``sampler.set_epoch`` and ``max_steps``.
 
-    Args (on top of PML's ``BaseTrainer``):
+    The arguments below come on top of PML's ``BaseTrainer`` ones.
+
+    Args:
         amp_dtype: autocast dtype for the models' forward (None = off). The embeddings are cast to
             float32 *before* the loss, so every distance/loss runs in float32 outside autocast.
         use_grad_scaler: use ``torch.amp.GradScaler`` (fp16 only).
@@ -149,12 +190,20 @@ class HyperbolicTrainer(MetricLossOnly):
             images (same outputs, fewer cache misses: :data:`CPU_TRUNK_CHUNK_SIZE`); None = whole batches.
         keep_freed_memory: on a CPU device, keep freed activation memory in the process
             (:func:`retain_freed_memory`, process-wide) rather than page-faulting it in every batch.
+        *args: PML ``BaseTrainer`` positional arguments.
+        **kwargs: PML ``BaseTrainer`` keyword arguments (models, optimizers, loss_funcs, ...).
+
+    Raises:
+        ValueError: a bad ``trunk_chunk_size``.
+
+    Design note: docs/design/training.md
     """
 
-    def __init__(self, *args, amp_dtype=None, use_grad_scaler=False, grad_clip_norm: Optional[float] = None,
+    def __init__(self, *args: Any, amp_dtype: Optional[torch.dtype] = None, use_grad_scaler: bool = False,
+                 grad_clip_norm: Optional[float] = None,
                  max_steps: Optional[int] = None, start_of_epoch_hook: Optional[Callable] = None,
                  show_progress: bool = True, trunk_chunk_size: Optional[int] = CPU_TRUNK_CHUNK_SIZE,
-                 keep_freed_memory: bool = True, **kwargs):
+                 keep_freed_memory: bool = True, **kwargs: Any):
         self.trunk_chunk_size = checked_chunk_size(trunk_chunk_size)
         self.amp_dtype = amp_dtype
         self.grad_clip_norm = grad_clip_norm
@@ -193,7 +242,9 @@ class HyperbolicTrainer(MetricLossOnly):
     def steps_exhausted(self) -> bool:
         return self.max_steps is not None and self.global_step >= self.max_steps
 
-    def train(self, start_epoch=1, num_epochs=1):
+    def train(self, start_epoch: int = 1, num_epochs: int = 1) -> None:
+        """Train epochs ``start_epoch..num_epochs`` (fewer when ``max_steps`` is reached or the
+        end-of-epoch hook returns False)."""
         self.initialize_dataloader()
         for self.epoch in range(start_epoch, num_epochs + 1):
             if self.steps_exhausted():
@@ -245,14 +296,14 @@ class HyperbolicTrainer(MetricLossOnly):
         return torch.autocast(device_type=device_type, dtype=self.amp_dtype or torch.float32,
                               enabled=self.amp_dtype is not None)
 
-    def get_trunk_output(self, data):
+    def get_trunk_output(self, data: Any) -> torch.Tensor:
         data = c_f.to_device(data, device=self.data_device, dtype=self.dtype)
         trunk = self.models["trunk"]
         if chunked_forward_applies(trunk, data, self.trunk_chunk_size):
             return forward_in_chunks(trunk, data, self.trunk_chunk_size)
         return trunk(data)
 
-    def compute_embeddings(self, data):
+    def compute_embeddings(self, data: Any) -> torch.Tensor:
         with self.autocast():
             embeddings = super().compute_embeddings(data)
         return embeddings.float()
