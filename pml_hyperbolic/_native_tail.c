@@ -21,8 +21,8 @@
  * double: log(1 + f) = f - (f²/2 - s (f²/2 + R)), s = f / (2 + f), z = s²,
  *     R = 2z/3 + 2z²/5 + ... + 2z¹¹/23      (2 atanh(s) = 2s + s R and f - 2s = s f),
  * |s| <= 0.1716, z <= 0.0295: truncation below 1e-17 relative; s and e/v share one division.
- * ln2 is split into a head with trailing zero bits (k ln2_hi is exact) and a tail. Measured
- * against float64 log1p over u in [1e-38, 3e38]: 0.66 eps (float32), 1 eps (float64).
+ * ln2 is split into a head with trailing zero bits (k ln2_hi is exact) and a tail. Its accuracy
+ * against float64 log1p: docs/design/native-code.md.
  *
  * u that is not finite and >= 0 gives libm's log1p there: NaN for NaN (and u < 0), +inf for +inf
  * (P is +inf on the rows/columns of extreme points; the torch path's log-based rebuild gives NaN
@@ -47,8 +47,8 @@
 #define PML_CLONES
 #endif
 
-/* 1 when the loops have AVX2/AVX-512 clones: the plain x86-64 (SSE2) build measured slower than
- * torch's own vectorised ops, so _native.py uses the native tail on x86-64 only with clones. */
+/* 1 when the loops have AVX2/AVX-512 clones: the plain x86-64 (SSE2) build is slower than torch's
+ * own vectorised ops (docs/design/native-code.md), so _native.py uses it on x86-64 only with clones. */
 int pml_vector_clones(void)
 {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(PML_NO_CLONES)
@@ -194,8 +194,8 @@ void pml_log1p_f64(const double *restrict u, double *restrict out, long n)
  *     s = x2_i + x2_j - 2 G_ij,  W = s p2_i q_j,  S = sqrt(W + W²/2),  D = log1p(W + √2 S)/√c,
  *
  * written to (i, j) and (j, i) of G's buffer, and S to (i, j) of its own buffer when one is given
- * (on and above the diagonal only: the symmetric backward reads no more; mirroring it too cost
- * 0.3 ms at 900²): every transcendental once per unordered pair. A pair with s < f (x2_i + x2_j) is beyond the product's resolution: its D is
+ * (on and above the diagonal only: the symmetric backward reads no more, and mirroring it too
+ * costs time): every transcendental once per unordered pair. A pair with s < f (x2_i + x2_j) is beyond the product's resolution: its D is
  * set to -1 (no distance is negative) for the caller to recompute from explicit differences, and
  * counted (both orientations) in *n_close. The diagonal is 0 in D and S (NaN for a point that is
  * not finite, as the general path gives).
@@ -323,11 +323,8 @@ PML_MIRROR_BLOCK(pml_mirror_block_f64, double, pml_v16d, int64_t)
  * row one run of up to (i1 - i0) values (a line split by a row start off a 64-byte boundary is
  * completed while it is in cache), and the destination lines of the tile PML_MIRROR_AHEAD rows
  * further are prefetched for writing (they are usually cold: nothing else touches the lower
- * triangle). Element by element elsewhere. Slice by slice and without the prefetch, the mirror
- * stalled on its destination lines (a perf profile put the tail's samples on the stores); product +
- * tail per block went from 1.36 to 1.28x a full GEMM at 900 x 900 (128-row blocks) and from 1.32 to
- * 1.17x at 4096 x 4096 (384-row blocks), bit-identical (python bench/distance.py --symmetric-parts
- * [--quick], before and after: bench/results/kernel_mirror_stop22.txt). */
+ * triangle). Element by element elsewhere. Why: slice by slice and without the prefetch, the
+ * mirror stalls on its destination lines (docs/design/native-code.md). */
 #define PML_MIRROR_AHEAD 48
 #define PML_MIRROR(NAME, T, BLOCK)                                                                   \
     static inline void NAME(T *restrict M, long n, long i0, long i1, long j_begin, long j1)          \
@@ -545,13 +542,14 @@ PML_ROW_TERMS(pml_row_terms_f64, double)
  * the torch path; loss, a, b are indexed by t, grads as
  * (2, T_rows, P) and on as (3, T_rows). One pass per row over P for the maxima, one per choice,
  * one for the gradients, all vectorised (the torch path: about twenty (rows × P) ops per block).
+ * Every index is checked against [0, N) first: one outside it makes the call return -1 with
+ * nothing read or written (0 otherwise).
  *
  * exp and log are inline polynomial forms (the loops vectorise; libm's are scalar calls): e^x for
  * x ≤ 0 by x = n ln2 + r, |r| ≤ ln2/2, degree-7 Taylor on r (1.5e-8 relative truncation), 0 below
  * the smallest normal; log x for 0 < x < 2^128 from the log1p polynomial above; log 0 = −inf.
  * The helpers are forced inline (PML_INLINE): called, they would be compiled once for the
- * baseline ISA, not for the row loop's AVX2 / AVX-512 clones (measured: 3.2 against ~1 ns per
- * element). */
+ * baseline ISA, not for the row loop's AVX2 / AVX-512 clones (docs/design/native-code.md). */
 PML_INLINE float exp_nonpos_f(float x)
 {
     /* nearest integer by the 1.5·2^23 shift (|x log2 e| < 2^22 here): vectorises, unlike roundf */
@@ -735,11 +733,14 @@ PML_LCA_CHOOSE(pml_lca_choose_f64, double, exp_nonpos_d, log_pos_d, pml_argmin_f
 
 #define PML_LCA_ROWS(NAME, T, CHOOSE)                                                                \
     PML_CLONES                                                                                       \
-    void NAME(const T *restrict dist, long P, const long *restrict ii, const long *restrict jj,      \
-              const long *restrict kk, long T_rows, long t_begin, long t_end, T inv_tau, T margin,   \
-              int noise, uint64_t key, T *restrict loss, long *restrict a_out,                       \
-              long *restrict b_out, T *restrict grads, T *restrict on, T *restrict work)             \
+    int NAME(const T *restrict dist, long N, long P, const long *restrict ii, const long *restrict jj,\
+             const long *restrict kk, long T_rows, long t_begin, long t_end, T inv_tau, T margin,    \
+             int noise, uint64_t key, T *restrict loss, long *restrict a_out,                        \
+             long *restrict b_out, T *restrict grads, T *restrict on, T *restrict work)              \
     {                                                                                                \
+        for (long t = t_begin; t < t_end; ++t) /* every row index checked before any read */        \
+            if (ii[t] < 0 || ii[t] >= N || jj[t] < 0 || jj[t] >= N || kk[t] < 0 || kk[t] >= N)       \
+                return -1;                                                                           \
         T *restrict z1 = work, *restrict z2 = work + P; /* 2P scratch from the caller */             \
         for (long t = t_begin; t < t_end; ++t) {                                                     \
             const T *restrict di = dist + ii[t] * P;                                                 \
@@ -809,6 +810,7 @@ PML_LCA_CHOOSE(pml_lca_choose_f64, double, exp_nonpos_d, log_pos_d, pml_argmin_f
                 u2_out[p] = z2[p] * (w - s2);                                                        \
             }                                                                                        \
         }                                                                                            \
+        return 0;                                                                                    \
     }
 PML_LCA_ROWS(pml_lca_rows_f32, float, pml_lca_choose_f32)
 PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
@@ -831,13 +833,17 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
  * stored: the forward writes and this reads two (T, P) slabs instead of three. Three passes per row,
  * one per target row (they may coincide); u¹, u², D_i, D_j, D_k stay in L1 between them. Only target
  * rows in [row_begin, row_end) are written: threads given disjoint ranges scan every t in the same
- * order, so each row of grad receives the same additions in the same order as on one thread. */
+ * order, so each row of grad receives the same additions in the same order as on one thread.
+ * Returns -1 with nothing read or written when an index lies outside [0, N), else 0. */
 #define PML_LCA_BACKWARD(NAME, T)                                                                    \
     PML_CLONES PML_NO_CONTRACT                                                                       \
-    void NAME(T *grad, const T *restrict dist, long P, const int64_t *restrict ii,                   \
-              const int64_t *restrict jj, const int64_t *restrict kk, const T *restrict U,            \
-              const T *restrict scale, long T_rows, long row_begin, long row_end)                    \
+    int NAME(T *grad, const T *restrict dist, long N, long P, const int64_t *restrict ii,            \
+             const int64_t *restrict jj, const int64_t *restrict kk, const T *restrict U,             \
+             const T *restrict scale, long T_rows, long row_begin, long row_end)                     \
     {                                                                                                \
+        for (long t = 0; t < T_rows; ++t) /* every row index checked before any read or write */    \
+            if (ii[t] < 0 || ii[t] >= N || jj[t] < 0 || jj[t] >= N || kk[t] < 0 || kk[t] >= N)       \
+                return -1;                                                                           \
         for (long t = 0; t < T_rows; ++t) {                                                          \
             const int do_i = ii[t] >= row_begin && ii[t] < row_end;                                  \
             const int do_j = jj[t] >= row_begin && jj[t] < row_end;                                  \
@@ -875,6 +881,7 @@ PML_LCA_ROWS(pml_lca_rows_f64, double, pml_lca_choose_f64)
                 gk_row[p] = gk_row[p] + product;                                                     \
             }                                                                                        \
         }                                                                                            \
+        return 0;                                                                                    \
     }
 PML_LCA_BACKWARD(pml_lca_backward_f32, float)
 PML_LCA_BACKWARD(pml_lca_backward_f64, double)

@@ -357,7 +357,7 @@ def test_property_near_boundary_float64_equals_poincare_distance(n, dim, c, lo, 
 
 
 def test_faiss_threads_follow_the_load_and_results_do_not_depend_on_them(monkeypatch):
-    """Issue 16: faiss gets the caller's count on an idle machine and 1 thread when the cores are
+    """faiss gets the caller's count on an idle machine and 1 thread when the cores are
     taken (uncontended_threads); the neighbours and distances are the same either way."""
     import faiss
 
@@ -423,3 +423,62 @@ def test_max_lifted_norm_equals_the_full_maximum():
         Y32, y0, _ = H._lift32(x, cx2, den, c)
         full = torch.linalg.vector_norm(Y32.double(), dim=1).max()
         assert torch.equal(H._max_lifted_norm(Y32, y0, cx2, den, c), full.reshape(1))
+
+
+_BAD_INDEX_ARGUMENTS = [
+    (dict(kind="hnsw", hnsw_m=0), "hnsw_m"),  # faiss aborted the process
+    (dict(kind="hnsw", hnsw_m=1), "hnsw_m"),  # faiss segfaulted
+    (dict(kind="hnsw", hnsw_m=-1), "hnsw_m"),  # faiss never returned
+    (dict(kind="hnsw", hnsw_m=10 ** 6), "hnsw_m"),
+    (dict(hnsw_m=2.5), "hnsw_m"),
+    (dict(ef_search=-1), "ef_search"),  # was accepted silently
+    (dict(ef_search=0), "ef_search"),
+    (dict(ef_search="128"), "ef_search"),
+    (dict(ef_construction=0), "ef_construction"),
+    (dict(rtol="a"), "rtol"),
+    (dict(rtol=float("nan")), "rtol"),
+    (dict(batch_size="a"), "batch_size"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(margin=-1), "margin"),
+    (dict(margin=1.5), "margin"),
+    (dict(use_gpu="yes"), "use_gpu"),
+    (dict(project=None), "project"),
+    (dict(exact_ranks=["a"]), "exact_ranks"),
+    (dict(exact_ranks=[0]), "exact_ranks"),
+    (dict(c="x"), r"\bc\b"),
+    (dict(c=0.0), r"\bc\b"),
+    (dict(c=float("inf")), r"\bc\b"),
+    (dict(kind=3), "kind"),
+    (dict(error_model=[1]), "error_model"),
+    (dict(post_threads=0), "post_threads"),
+]
+
+
+@pytest.mark.parametrize("kwargs, name", _BAD_INDEX_ARGUMENTS)
+@pytest.mark.parametrize("cls", [HyperbolicIndex, HyperbolicKNN])
+def test_every_constructor_argument_is_checked_by_name(cls, kwargs, name):
+    kwargs = {"c": 0.1, **kwargs}
+    if name in ("hnsw_m",) and kwargs.get("hnsw_m") in (0, 1, -1):
+        # faiss crashed or hung on these: checked in a child process so that a regression fails the
+        # test instead of killing the test run
+        import subprocess
+        import sys
+
+        code = (f"from pml_hyperbolic.evaluation import {cls.__name__}\n"
+                f"try:\n    {cls.__name__}(**{kwargs!r})\nexcept ValueError as e:\n    print('ValueError:', e)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith("ValueError: hnsw_m must be"), done
+        return
+    with pytest.raises(ValueError, match=name):
+        cls(**kwargs)
+
+
+def test_hnsw_parameters_reach_faiss():
+    x = ball_points(300, 8, 0.1, 0.9, 3)
+    index = HyperbolicIndex(c=0.1, kind="hnsw", hnsw_m=2, ef_search=7, ef_construction=11)
+    index.add(x)
+    assert index._index.hnsw.efConstruction == 11
+    d, i = index.search(x[:20], 5)
+    assert index._index.hnsw.efSearch >= 7
+    ref_d, _ = brute_force(x[:20], x, 5, 0.1, False)
+    assert torch.isfinite(d).all() and (d.double() >= ref_d - 1e-4).all()  # exact distances of real points

@@ -528,3 +528,41 @@ def test_flat_nonzero_is_nonzero_in_row_major_order():
         flat = _flat_nonzero(mask)
         assert flat.dtype == torch.long and torch.equal(flat, rows * shape[1] + cols)
     assert torch.equal(_flat_nonzero(torch.ones(4, 6, dtype=torch.bool).T), torch.arange(24))  # not contiguous
+
+
+_BAD_INDICES = [
+    (([0], [1], [10 ** 8]), r"indices_tuple\[2\] has indices outside \[0, 8\)"),
+    (([0], [1], [99]), r"indices_tuple\[2\] has indices outside"),
+    (([0], [-1], [2]), r"indices_tuple\[1\] has indices outside"),
+    (([8], [1], [2]), r"indices_tuple\[0\] has indices outside"),
+    (([0], [1], [2], [2 ** 40]), r"indices_tuple\[3\] has indices outside"),
+    (([0, 1], [1], [2]), r"indices_tuple: members \(0, 1, 2\) must have one length"),
+    (([0, 1], [1, 2], [2], [3, 4]), r"indices_tuple: members \(2, 3\) must have one length"),
+    (([0.0], [1], [2]), r"indices_tuple\[0\] must be a 1-D integer tensor"),
+    (([True], [1], [2]), r"indices_tuple\[0\] must be a 1-D integer tensor"),
+    (([[0]], [[1]], [[2]]), r"indices_tuple\[0\] must be a 1-D integer tensor"),
+    ((["a"], [1], [2]), r"indices_tuple\[0\] must be a 1-D sequence of integers"),
+    (([0], [1]), r"indices_tuple must be a PML triplet \(3\) or pair \(4\) tuple, got 2"),
+    ("abc", r"indices_tuple must be a PML triplet \(3\) or pair \(4\) tuple, got str"),
+]
+
+
+@pytest.mark.parametrize("indices_tuple, message", _BAD_INDICES)
+@pytest.mark.parametrize("grad", [True, False])
+def test_bad_indices_tuple_is_refused_before_any_native_read(indices_tuple, message, grad):
+    # out-of-range triplet indices used to reach the native LCA loop: a segfault for 10**8, and a
+    # loss read from foreign memory (different on identical calls) for 99
+    loss = HIERLoss(embedding_size=4, num_proxies=8, c=0.1, proxy_term=False)
+    X, Y = torch.randn(8, 4) * 0.1, torch.arange(8) % 2
+    with torch.set_grad_enabled(grad):
+        with pytest.raises(ValueError, match=message):
+            loss(X, Y, indices_tuple=indices_tuple)
+
+
+def test_indices_tuple_as_lists_or_tensors_gives_one_loss():
+    torch.manual_seed(0)
+    loss = HIERLoss(embedding_size=4, num_proxies=8, c=0.1, proxy_term=False, stochastic_lca=False)
+    X, Y = torch.randn(8, 4) * 0.1, torch.arange(8) % 2
+    as_lists = loss(X, Y, indices_tuple=([0, 2], [4, 6], [1, 7]))
+    as_tensors = loss(X, Y, indices_tuple=tuple(torch.tensor(v, dtype=torch.int32) for v in ([0, 2], [4, 6], [1, 7])))
+    assert torch.equal(as_lists, as_tensors)

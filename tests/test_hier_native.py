@@ -241,3 +241,39 @@ def test_hier_backward_native_equals_the_torch_routing(monkeypatch):
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-7)
     assert grads[0][0].abs().sum() > 0  # (a real gradient)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [-1, 120, 10 ** 8])
+def test_out_of_range_rows_are_refused_before_any_read(dtype, bad):
+    dist, i, j, k = problem(dtype, t=40)
+    k = k.clone()
+    k[17] = bad
+    u = torch.full((2, 40, dist.shape[1]), float("nan"), dtype=dtype)
+    on = torch.full((3, 40), float("nan"), dtype=dtype)
+    with pytest.raises(IndexError):
+        _native.lca_rows(dist, i, j, k, 0.2, 0.1, None, 64, u, on)
+    with pytest.raises(IndexError):
+        _native.lca_backward(torch.zeros_like(dist), dist, i, j, k, u, torch.ones(40, dtype=dtype))
+    # the C loops check too (defence in depth): -1 and nothing written
+    lib, name = _native._library(), "f32" if dtype == torch.float32 else "f64"
+    loss = torch.full((40,), float("nan"), dtype=dtype)
+    a, b = torch.full((40,), -7, dtype=torch.long), torch.full((40,), -7, dtype=torch.long)
+    work = torch.empty(2 * dist.shape[1], dtype=dtype)
+    code = getattr(lib, f"pml_lca_rows_{name}")(
+        dist.data_ptr(), dist.shape[0], dist.shape[1], i.data_ptr(), j.data_ptr(), k.data_ptr(), 40, 0, 40, 5.0, 0.1,
+        0, 0, loss.data_ptr(), a.data_ptr(), b.data_ptr(), u.data_ptr(), on.data_ptr(), work.data_ptr())
+    assert code == -1 and loss.isnan().all() and (a == -7).all() and u.isnan().all() and on.isnan().all()
+    grad = torch.zeros_like(dist)
+    code = getattr(lib, f"pml_lca_backward_{name}")(
+        grad.data_ptr(), dist.data_ptr(), dist.shape[0], dist.shape[1], i.data_ptr(), j.data_ptr(), k.data_ptr(),
+        u.data_ptr(), torch.ones(40, dtype=dtype).data_ptr(), 40, 0, dist.shape[0])
+    assert code == -1 and (grad == 0).all()
+
+
+def test_self_check_draws_are_counter_uniform_values():
+    # the library's load-time check compares pml_uniform_rows_* with literals: they must be the
+    # values of the formula the torch path evaluates
+    for name, dtype in (("f32", torch.float32), ("f64", torch.float64)):
+        literal = [[float.fromhex(v) for v in row] for row in _native._UNIFORM_REFERENCE[name]]
+        assert torch.equal(H.counter_uniform(987654321, np.arange(4, 7), 4, dtype), torch.tensor(literal, dtype=dtype))

@@ -1,9 +1,10 @@
 """The pairwise kernel's fused native tail (pml_hyperbolic/_native.py, _native_tail.c): agreement
 with the torch path (forward, backward, float32 and float64), its log1p against reference values,
 and the fallback to the torch path whenever it cannot run (disabled, no compiler, unwritable cache,
-odd dtype, device or layout)."""
+odd dtype, device or layout), and a damaged or altered cached library never being trusted."""
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -256,11 +257,12 @@ def test_build_into_a_fresh_cache_is_atomic_and_reused(fresh_native, tmp_path):
     fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(tmp_path))
     assert _native.status() == "native"
     built = sorted(p.name for p in tmp_path.iterdir())
-    assert len(built) == 1 and built[0].startswith("native_tail-") and built[0].endswith(".so")
-    mtime = next(tmp_path.iterdir()).stat().st_mtime_ns
+    assert len(built) == 2 and built[1].startswith("native_tail-") and built[1].endswith(".so")
+    assert built[0] == built[1][:-3] + ".sha256"  # the library and its digest, nothing else
+    mtime = (tmp_path / built[1]).stat().st_mtime_ns
     _native.reset()
     assert _native.status() == "native"
-    assert next(tmp_path.iterdir()).stat().st_mtime_ns == mtime  # loaded from the cache, not rebuilt
+    assert (tmp_path / built[1]).stat().st_mtime_ns == mtime  # loaded from the cache, not rebuilt
 
 
 @needs_native
@@ -281,5 +283,175 @@ def test_concurrent_processes_build_the_same_cache(tmp_path):
              for _ in range(3)]
     outputs = [p.communicate(timeout=300)[0].strip() for p in procs]
     assert outputs == ["native"] * 3
-    names = [p.name for p in tmp_path.iterdir()]
-    assert len(names) == 1 and names[0].endswith(".so"), names
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 and names[1].endswith(".so") and names[0] == names[1][:-3] + ".sha256", names
+
+
+# ---- the cached library is verified before it is trusted -------------------------------------------
+
+_CHECK_IN_SUBPROCESS = r"""
+import math, sys, warnings
+import torch
+warnings.simplefilter("always")
+from pml_hyperbolic import _native, poincare_ball as pb
+g = torch.Generator().manual_seed(0)
+x = torch.randn(70, 9, generator=g, dtype=torch.float64)
+x = x / x.norm(dim=1, keepdim=True) * torch.rand(70, 1, generator=g, dtype=torch.float64) * 2.5
+for dtype in (torch.float32, torch.float64):
+    xs = x.to(dtype)
+    for y in (xs, xs[:33].clone()):  # the symmetric path and the general one
+        d = pb.pairwise_dist(xs, y, 0.1).double()
+        a, b = 1 - 0.1 * (xs.double() ** 2).sum(1), 1 - 0.1 * (y.double() ** 2).sum(1)
+        s = ((xs.double()[:, None] - y.double()[None]) ** 2).sum(-1)
+        ref = 2 / math.sqrt(0.1) * torch.asinh(torch.sqrt(0.1 * s / (a[:, None] * b[None])))
+        err = float(((d - ref).abs() / ref.clamp_min(1e-2)).max())
+        assert err < 1e-5, (dtype, err)
+print(_native.status())
+"""
+
+
+@pytest.fixture(scope="module")
+def copying_compiler(tmp_path_factory):
+    """One real build of the library, and a stand-in compiler that "builds" by copying it (so that a
+    rebuild takes milliseconds) and logs each call: ``(compiler, its log)``."""
+    compiler = _native._compiler()
+    if compiler is None:
+        pytest.skip("no C compiler here")
+    folder = tmp_path_factory.mktemp("copying_compiler")
+    good = folder / "good.so"
+    subprocess.run([*compiler, *_native._FLAGS, "-o", str(good), str(_native.SOURCE), "-lm"], check=True,
+                   capture_output=True, timeout=300)
+    log = folder / "calls.log"
+    script = folder / "copycc"
+    script.write_text('#!/bin/sh\necho call >> "%s"\nout=""\nwhile [ $# -gt 0 ]; do\n'
+                      '  if [ "$1" = "-o" ]; then out="$2"; fi; shift\ndone\n'
+                      'if [ -n "$COPYCC_GARBAGE" ]; then echo garbage > "$out"; else cp "%s" "$out"; fi\n'
+                      % (log, good))
+    script.chmod(0o755)
+    return script, log
+
+
+def _run_check(cache, compiler, **extra_env):
+    env = dict(os.environ, PML_HYPERBOLIC_CACHE=str(cache), PML_HYPERBOLIC_CC=str(compiler),
+               PML_HYPERBOLIC_NATIVE="1", **extra_env)
+    return subprocess.run([sys.executable, "-c", _CHECK_IN_SUBPROCESS], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def built_cache(copying_compiler, tmp_path_factory):
+    """A cache folder holding one verified build (made by a first process)."""
+    compiler, _ = copying_compiler
+    folder = tmp_path_factory.mktemp("built_cache")
+    done = _run_check(folder, compiler)
+    assert done.returncode == 0 and done.stdout.strip() == "native", done.stderr
+    return folder
+
+
+def _calls(log) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _damage_truncate(so, digest):
+    so.write_bytes(so.read_bytes()[:4096])
+
+
+def _damage_flip_bytes(so, digest):
+    data = bytearray(so.read_bytes())
+    for offset in (len(data) // 3, len(data) // 2, len(data) - 100):
+        data[offset] ^= 0x10
+    so.write_bytes(bytes(data))
+
+
+def _damage_empty(so, digest):
+    so.write_bytes(b"")
+
+
+def _damage_digest(so, digest):
+    line = digest.read_text()
+    digest.write_text(("0" if line[0] != "0" else "1") + line[1:])
+
+
+def _damage_digest_missing(so, digest):
+    digest.unlink()
+
+
+def _damage_digest_of_another_build(so, digest):
+    sha, key = digest.read_text().split()
+    digest.write_text(f"{sha} {'0' * len(key)}\n")  # a true digest, bound to another key
+
+
+@pytest.mark.parametrize("damage", [_damage_truncate, _damage_flip_bytes, _damage_empty, _damage_digest,
+                                    _damage_digest_missing, _damage_digest_of_another_build],
+                         ids=lambda f: f.__name__[len("_damage_"):])
+def test_damaged_cache_is_discarded_and_rebuilt_in_a_new_process(copying_compiler, built_cache, tmp_path, damage):
+    compiler, log = copying_compiler
+    shutil.copytree(built_cache, tmp_path, dirs_exist_ok=True)
+    (so,) = tmp_path.glob("native_tail-*.so")
+    digest = so.with_suffix(".sha256")
+    good = so.read_bytes()
+    before = _calls(log)
+    damage(so, digest)
+    second = _run_check(tmp_path, compiler)  # a crash would show as a signal exit status here
+    assert second.returncode == 0, (second.returncode, second.stderr[-2000:])
+    assert second.stdout.strip() == "native"  # rebuilt, verified and self-checked
+    assert _calls(log) > before
+    assert _calls(log) == before + 1  # one rebuild
+    assert so.read_bytes() == good and digest.read_text() == (built_cache / digest.name).read_text()
+
+
+def test_damaged_cache_whose_rebuild_fails_falls_back_with_a_warning(copying_compiler, built_cache, tmp_path):
+    compiler, _ = copying_compiler
+    shutil.copytree(built_cache, tmp_path, dirs_exist_ok=True)
+    (so,) = tmp_path.glob("native_tail-*.so")
+    so.write_bytes(so.read_bytes()[:4096])
+    done = _run_check(tmp_path, compiler, COPYCC_GARBAGE="1")  # the rebuild "succeeds" with garbage
+    assert done.returncode == 0, done.stderr[-2000:]  # right numbers on the torch path, no crash
+    assert done.stdout.strip().startswith("torch (native unavailable")
+    warning_lines = [line for line in done.stderr.splitlines() if "discarded a damaged native library" in line]
+    assert len(warning_lines) == 1
+    assert not list(tmp_path.glob("native_tail-*"))  # nothing untrusted left in the cache
+
+
+class _Tampered:
+    """A loaded library with one kernel replaced."""
+
+    def __init__(self, lib, name, fn):
+        self._lib, self._name, self._fn = lib, name, fn
+
+    def __getattr__(self, attr):
+        return self._fn if attr == self._name else getattr(self._lib, attr)
+
+
+_KERNELS = [f"pml_{kernel}_{dtype}" for kernel in ("tail", "log1p", "row_terms", "sym_tail", "sym_grad",
+                                                    "uniform_rows", "lca_rows", "lca_backward")
+            for dtype in ("f32", "f64")]
+
+
+@needs_native
+@pytest.mark.parametrize("kernel", _KERNELS)
+def test_self_check_covers_every_kernel(kernel):
+    lib = _native._library()
+    _native._self_check(lib)  # the real library passes
+    with pytest.raises(RuntimeError, match=kernel):
+        _native._self_check(_Tampered(lib, kernel, lambda *args: 0))  # a kernel that writes nothing
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_self_check_catches_a_symmetric_tail_a_thousandth_off(dtype):
+    import ctypes
+
+    import numpy as np
+
+    lib = _native._library()
+    real = getattr(lib, f"pml_sym_tail_{dtype}")
+    scalar = ctypes.c_float if dtype == "f32" else ctypes.c_double
+
+    def off_by_a_thousandth(*args):
+        real(*args)
+        n = args[5]
+        np.ctypeslib.as_array((scalar * (n * n)).from_address(args[0]))[:] *= 1.001
+
+    with pytest.raises(RuntimeError, match=f"pml_sym_tail_{dtype}"):
+        _native._self_check(_Tampered(lib, f"pml_sym_tail_{dtype}", off_by_a_thousandth))

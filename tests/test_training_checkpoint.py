@@ -159,3 +159,112 @@ def test_ctrl_c_deferred_respects_an_ignored_sigint_and_nesting():
                 os.kill(os.getpid(), signal.SIGINT)
             reached = True
     assert reached
+
+
+class _Payload:
+    """Unpickling it would create a marker file: a stand-in for any code a crafted checkpoint runs."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _crafted_files(tmp_path, marker):
+    """Checkpoints whose unpickling would run code: inside the digested payload (a valid digest: the
+    digest protects against damage, not against whoever writes the file), as a whole file without a
+    digest, and inside the outer container itself."""
+    import io
+
+    from pml_hyperbolic.training.checkpoint import CHECKPOINT_FORMAT, _sha256, pack_with_digest
+
+    evil = {"epoch": 1, "config_fingerprint": {}, "x": _Payload(marker)}
+    inner = tmp_path / "inner.pt"
+    atomic_torch_save(evil, str(inner))
+    whole = tmp_path / "whole.pt"
+    torch.save(evil, whole)
+    outer = tmp_path / "outer.pt"
+    packed = pack_with_digest({"epoch": 1})
+    torch.save({**packed, "extra": _Payload(marker)}, outer, pickle_protocol=4)
+    buffer = io.BytesIO()
+    torch.save(evil, buffer, pickle_protocol=4)  # the raw protocol the container uses
+    raw = tmp_path / "raw4.pt"
+    payload = buffer.getvalue()
+    torch.save({"format": CHECKPOINT_FORMAT, "sha256": _sha256(payload), "payload": payload}, raw, pickle_protocol=4)
+    return [inner, whole, outer, raw]
+
+
+def test_crafted_checkpoint_never_runs_its_code(tmp_path):
+    from pml_hyperbolic.training.checkpoint import unpack_with_digest
+
+    marker = tmp_path / "marker"
+    files = _crafted_files(tmp_path, marker)
+    assert not marker.exists()
+    manager = CheckpointManager(str(tmp_path), {})
+    for path in files:
+        for load in (read_checkpoint, manager.load):
+            with pytest.raises(ConfigError) as err:
+                load(str(path))
+            message = str(err.value)
+            assert str(path) in message and "refused" in message and "\n" not in message
+            assert "Weights only" not in message and "pickle" not in message.lower()
+            assert not marker.exists(), (load, path)
+    # the digest-unpacking step alone refuses it too
+    from pml_hyperbolic.training.checkpoint import _read_container
+
+    packed = _read_container(str(files[0]))
+    with pytest.raises(ConfigError, match="refused"):
+        unpack_with_digest(packed, str(files[0]))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 10, bytes(range(256)) * 40, b"PK\x03\x04garbage"])
+def test_garbage_file_is_one_clear_error_naming_it(tmp_path, content):
+    path = tmp_path / "last.pt"
+    path.write_bytes(content)
+    for load in (read_checkpoint, CheckpointManager(str(tmp_path), {}).load):
+        with pytest.raises(ConfigError) as err:
+            load(str(path))
+        message = str(err.value)
+        assert str(path) in message and "\n" not in message
+        assert "pickle" not in message.lower() and "Weights only" not in message
+
+
+def test_truncated_checkpoint_is_one_clear_error(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"w": torch.arange(10000.0)}, str(path))
+    path.write_bytes(path.read_bytes()[:3000])
+    with pytest.raises(ConfigError, match=f"cannot read checkpoint {path}"):
+        read_checkpoint(str(path))
+
+
+def test_rng_state_round_trips_through_the_restricted_loader(tmp_path):
+    import random
+
+    import numpy as np
+
+    from pml_hyperbolic.training.checkpoint import rng_state, set_rng_state
+
+    random.seed(3), np.random.seed(4), torch.manual_seed(5)
+    np.random.standard_normal()  # a cached gaussian half in numpy's state
+    path = tmp_path / "rng.pt"
+    atomic_torch_save({"rng": rng_state()}, str(path))
+    expected = (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist())
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    set_rng_state(read_checkpoint(str(path))["rng"])
+    assert (random.random(), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()) == expected
+
+
+def test_checkpoint_with_a_numpy_rng_array_still_loads(tmp_path):
+    # checkpoints written before the NumPy state was stored as plain ints hold a uint32 array
+    import numpy as np
+
+    from pml_hyperbolic.training.checkpoint import set_rng_state
+
+    path = tmp_path / "old.pt"
+    atomic_torch_save({"rng": {"python": __import__("random").getstate(), "numpy": np.random.get_state(),
+                               "torch": torch.get_rng_state()}}, str(path))
+    state = read_checkpoint(str(path))["rng"]
+    assert isinstance(state["numpy"][1], np.ndarray)
+    set_rng_state(state)

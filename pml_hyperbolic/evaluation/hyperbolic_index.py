@@ -24,8 +24,8 @@ score (one number per query):
   random-walk size of float32 summation errors with a 2x margin. Not a worst-case guarantee; the
   tests and ``bench/knn.py`` check the results against a float64 brute force.
 * ``error_model="rigorous"``: :math:`\gamma = (D + 3)\,u` (Higham's worst-case bound for a
-  float32 dot product of length D+1, plus the rounding of Q and Y). A guarantee, ~10x
-  pessimistic: the same algorithm, with more candidates recomputed.
+  float32 dot product of length D+1, plus the rounding of Q and Y). A guarantee, pessimistic
+  (docs/design/knn-index.md): the same algorithm, with more candidates recomputed.
 
 The algorithm (one faiss call per batch of queries, O(batch · k') vectorised work): faiss returns
 k' = k + margin candidates sorted by float32 score :math:`\hat s`.
@@ -69,7 +69,7 @@ never O(N²).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -87,6 +87,21 @@ _U32 = 2.0 ** -24
 # The float64 lift of one added tensor of at most this many rows is kept for the self-retrieval
 # search that usually follows (16 MB at D = 128; the Cars, CUB and In-Shop galleries fit)
 _KEPT_LIFT_ROWS = 16384
+
+
+# Upper bounds of the HNSW parameters (far above useful values; they keep a typo from asking faiss
+# for gigabytes of links or an endless search)
+_MAX_HNSW_M = 512
+_MAX_HNSW_EF = 1 << 20
+
+
+def _integer(value, name: str, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int if it is an integer (not a bool) in [minimum, maximum], else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum or (
+            maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+    return int(value)
 
 
 def _as_2d_float_tensor(x, name: str) -> Tensor:
@@ -142,6 +157,8 @@ def _dist_from_diff(diff: Tensor, bx: Tensor, by: Tensor, c: float) -> Tensor:
 class HyperbolicIndex:
     r"""Standalone exact (or approximate) k-NN index for points of the Poincaré ball.
 
+    Design note: docs/design/knn-index.md
+
     Args:
         c: curvature magnitude (ball radius 1/√c).
         kind: ``"flat"`` (exact, faiss ``IndexFlatIP`` on the Lorentz lift, certified as described
@@ -158,28 +175,32 @@ class HyperbolicIndex:
             (faiss-gpu installed); ``False`` = always CPU. HNSW always runs on the CPU (faiss has
             no GPU HNSW).
         error_model: ``"typical"`` or ``"rigorous"`` float32 score error bound (module docstring).
-        hnsw_m, ef_search: HNSW parameters (``kind="hnsw"``); ``ef_search`` is raised to at least
-            the number of candidates.
+        hnsw_m: HNSW links per node (``kind="hnsw"``), an int in [2, 512] (faiss needs at least 2).
+        ef_search: HNSW search breadth (``kind="hnsw"``), an int >= 1, raised to at least the
+            number of candidates.
         project: project inputs onto the ball first, with the margin of their dtype
             (:func:`pb.project`; points on/outside the ball have no distance).
         post_threads: torch intra-op threads for the work around the faiss calls (lift, exact
             distances, sorting): ``"auto"`` (default) = torch's count on an idle machine, fewer,
             down to 1, when other processes hold the cores
             (:func:`~pml_hyperbolic.threads.uncontended_threads`, read at each call); an int = that
-            many; ``None`` keeps torch's setting. That work is small memory-bound passes: on a loaded
-            2-core machine 2 threads made it ~3x slower than 1 (barrier waits), on an idle one they
-            shorten it (part of the Cars-size search's 1.48-1.68x -> 1.20-1.37x faiss's wall time at
-            stop 24, ``bench/results/knn_cars_stop24.txt``). The results do not depend on it. faiss
-            itself runs with the thread count that was set before the call, or fewer when other
-            processes hold the cores (the same rule).
+            many; ``None`` keeps torch's setting. Why: that work is small memory-bound passes, where
+            threads whose cores are taken by other processes wait at barriers (timings: the design
+            note). The results do not depend on it. faiss itself runs with the thread count that
+            was set before the call, or fewer when other processes hold the cores (the same rule).
         exact_ranks: ``None`` (default) = the order is exact at every rank. A tuple of ranks K
             (e.g. the Recall@K list) = the *set* of the first K neighbours is exact for each K
             given and for k itself, and every returned distance is within ``rtol``; between those
             ranks, neighbours whose float32 scores lie within the error bound of each other (true
             distances within ~1e-6 relative) keep faiss's order instead of being re-sorted in
-            float64. Recall@K for the listed K is then exactly the brute-force value; at k = 1000
-            on 60,000 points this skips most of the float64 work (see ``bench/knn.py``).
-            Applies to ``kind="flat"``.
+            float64. Recall@K for the listed K is then exactly the brute-force value, with most of
+            the float64 work of a large k skipped. Applies to ``kind="flat"``.
+        ef_construction: HNSW build parameter (faiss's ``efConstruction``, default 40, faiss's own
+            default), ``kind="hnsw"``.
+
+    Raises:
+        ValueError: any bad argument, naming it (checked here, before faiss sees a value).
+        ImportError: faiss is not installed.
 
     Example:
         >>> index = HyperbolicIndex(c=0.1)
@@ -189,7 +210,7 @@ class HyperbolicIndex:
 
     def __init__(
         self,
-        c: float = 0.1,
+        c: float | Tensor | object = 0.1,
         kind: str = "flat",
         rtol: float = 1e-5,
         batch_size: Optional[int] = None,
@@ -199,27 +220,45 @@ class HyperbolicIndex:
         hnsw_m: int = 32,
         ef_search: int = 128,
         project: bool = True,
-        post_threads="auto",
-        exact_ranks=None,
+        post_threads: int | str | None = "auto",
+        exact_ranks: Optional[Sequence[int]] = None,
+        ef_construction: int = 40,
     ):
-        self.c = float(pb.as_curvature(c, torch.float64).detach())
+        try:
+            self.c = float(pb.as_curvature(c, torch.float64).detach())
+        except (TypeError, ValueError) as err:
+            message = str(err)
+            raise ValueError(message if message.startswith("c") else f"c: {message}") from None
         if exact_ranks is not None:
-            ranks = tuple(sorted({int(r) for r in exact_ranks}))
-            if not ranks or ranks[0] < 1:
+            try:
+                ranks = tuple(sorted({_integer(r, "exact_ranks", 1) for r in exact_ranks}))
+            except (TypeError, ValueError):
+                ranks = ()
+            if not ranks:
                 raise ValueError(f"exact_ranks must be None or positive ranks, got {exact_ranks!r}")
             exact_ranks = ranks
         self.exact_ranks = exact_ranks
-        if kind not in ("flat", "hnsw"):
+        if not (isinstance(kind, str) and kind in ("flat", "hnsw")):
             raise ValueError(f"kind must be 'flat' or 'hnsw', got {kind!r}")
-        if not (rtol > 0 and math.isfinite(rtol)):
-            raise ValueError(f"rtol must be > 0, got {rtol}")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if margin is not None and int(margin) < 0:
-            raise ValueError(f"margin must be >= 0, got {margin}")
+        if not (isinstance(rtol, (int, float, np.floating, np.integer)) and not isinstance(rtol, bool)
+                and rtol > 0 and math.isfinite(rtol)):
+            raise ValueError(f"rtol must be a number > 0, got {rtol!r}")
+        if batch_size is not None:
+            _integer(batch_size, "batch_size", 1)
+        if margin is not None:
+            _integer(margin, "margin", 0)
+        if use_gpu is not None and not isinstance(use_gpu, bool):
+            raise ValueError(f"use_gpu must be None, True or False, got {use_gpu!r}")
+        # faiss's HNSW needs M >= 2 (M = 0 aborts the process, 1 crashes it, < 0 never returns); M
+        # above a few hundred only costs memory (links per node grow as 2M)
+        _integer(hnsw_m, "hnsw_m", 2, _MAX_HNSW_M)
+        _integer(ef_search, "ef_search", 1, _MAX_HNSW_EF)
+        _integer(ef_construction, "ef_construction", 1, _MAX_HNSW_EF)
+        if not isinstance(project, bool):
+            raise ValueError(f"project must be True or False, got {project!r}")
         if faiss is None:  # pragma: no cover
             raise ImportError("HyperbolicIndex needs faiss (pip install faiss-cpu)")
-        if error_model not in ("typical", "rigorous"):
+        if not (isinstance(error_model, str) and error_model in ("typical", "rigorous")):
             raise ValueError(f"error_model must be 'typical' or 'rigorous', got {error_model!r}")
         if not (post_threads is None or (isinstance(post_threads, str) and post_threads == "auto")
                 or (isinstance(post_threads, (int, np.integer)) and not isinstance(post_threads, bool)
@@ -233,6 +272,7 @@ class HyperbolicIndex:
         self.use_gpu = use_gpu
         self.hnsw_m = int(hnsw_m)
         self.ef_search = int(ef_search)
+        self.ef_construction = int(ef_construction)
         self.project = project
         self.post_threads = post_threads if post_threads in (None, "auto") else int(post_threads)
         self.reset()
@@ -277,6 +317,7 @@ class HyperbolicIndex:
             # sqrt(M^2 - |Y|^2), so that |Q' - Y'|^2 = |Q|^2 + M^2 - 2 Q.Y; HNSW graphs work far
             # better for L2 than for raw inner products.
             index = faiss.IndexHNSWFlat(dim + 1, self.hnsw_m)
+            index.hnsw.efConstruction = self.ef_construction
         # faiss has no GPU HNSW: only the flat index moves; use_gpu=False keeps it on the CPU
         has_gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
         if has_gpu and self.kind == "flat" and self.use_gpu is not False:
@@ -723,7 +764,7 @@ class HyperbolicIndex:
 def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
     """``x.index_select(0, index)`` (a copy of the rows): on CPU by numpy's ``take``, whose output
     comes from numpy's allocator, where aten's gather faulted in a fresh output of several MB per
-    call (part of stop 24's kNN gain, ``bench/results/knn_cars_stop24.txt``)."""
+    call."""
     if x.device.type == "cpu" and index.device.type == "cpu" and x.dim() == 2:
         return torch.from_numpy(np.take(x.numpy(), index.numpy(), axis=0))
     return x.index_select(0, index)

@@ -1,6 +1,8 @@
 """PML ``knn_func`` returning exact Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import poincare_ball as pb
@@ -19,14 +21,20 @@ class HyperbolicKNN:
     never gets reference i as a neighbour. Plug into PML with
     ``AccuracyCalculator(knn_func=HyperbolicKNN(c=0.1))``.
 
+    Design note: docs/design/knn-index.md
+
     Args:
         c: curvature magnitude (float, tensor, hypll object or a
             :class:`~pml_hyperbolic.geometry.PoincareGeometry`, read at every search).
         **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
             index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
+
+    Raises:
+        ValueError: a bad ``c`` or index argument, naming it (checked here, not at the first search).
+        TypeError: an unknown index argument.
     """
 
-    def __init__(self, c: float = 0.1, **index_kwargs):
+    def __init__(self, c: float | torch.Tensor | object = 0.1, **index_kwargs: Any):
         self.index_kwargs = dict(index_kwargs)
         # build one index now so that bad arguments fail here, not at the first evaluation
         HyperbolicIndex(c=c, **self.index_kwargs)
@@ -37,7 +45,8 @@ class HyperbolicKNN:
         """The current curvature magnitude (read from the geometry / tensor given at construction)."""
         return float(pb.as_curvature(self._c, torch.float64).detach())
 
-    def __call__(self, query, k, reference=None, ref_includes_query=False):
+    def __call__(self, query: torch.Tensor, k: int, reference: torch.Tensor | None = None,
+                 ref_includes_query: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if reference is None:
             reference = query
             ref_includes_query = True if ref_includes_query is None else ref_includes_query

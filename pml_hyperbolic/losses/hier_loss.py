@@ -1,6 +1,8 @@
 """HIER: hierarchical-proxy regulariser (Kim, Jeong, Kwak, CVPR 2023)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from pytorch_metric_learning.losses import BaseMetricLossFunction
@@ -21,11 +23,8 @@ _POSITIVES = ("labels", "labels+mutual_nn")
 # stay in cache and are recycled by the allocator instead of faulting in fresh pages every time.
 _BLOCK_ELEMENTS = 1 << 18
 # On a GPU the same loop is bound by kernel launches (about twenty ops per block, sixteen blocks per
-# call at the defaults): one block of up to 8M elements (~400 MB of float32 temporaries at most).
-# Measured on an H200 (``python3 bench/losses.py --device cuda --no-miners --only HIERLoss``, B = 900,
-# 512 proxies, before and after): the loss's fwd+bwd 72-82 -> 18-25 ms, peak 125 -> 253 MiB; the
-# HIER recipe's training step 1.27-1.30x -> 1.12-1.13x SupCon's (``python3 bench/gpu_step.py``;
-# bench/results/gpu_host_stop21.txt).
+# call at the defaults): one block of up to 8M elements (~400 MB of float32 temporaries at most;
+# the trade of memory for time: docs/design/hier-loss.md).
 _BLOCK_ELEMENTS_GPU = 1 << 23
 
 
@@ -33,6 +32,38 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _checked_indices_tuple(indices_tuple, n_emb: int, n_ref: int, device) -> tuple:
+    """A PML ``indices_tuple`` as int64 tensors on ``device``, each checked before any use: a triplet
+    (anchors, positives, negatives) or pair (a1, p, a2, n) tuple of 1-D integer sequences, the pair
+    members of equal lengths, anchors in [0, ``n_emb``) and the others in [0, ``n_ref``). Any other
+    input raises one ValueError naming ``indices_tuple`` (the native loop reads rows by these
+    indices: one out of range would read foreign memory)."""
+    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
+        got = len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else type(indices_tuple).__name__
+        raise ValueError(f"indices_tuple must be a PML triplet (3) or pair (4) tuple, got {got}")
+    sizes = (n_emb, n_ref, n_ref) if len(indices_tuple) == 3 else (n_emb, n_ref, n_emb, n_ref)
+    out = []
+    for position, (values, size) in enumerate(zip(indices_tuple, sizes)):
+        try:
+            t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"indices_tuple[{position}] must be a 1-D sequence of integers, got "
+                             f"{type(values).__name__}") from None
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex() or t.ndim != 1:
+            raise ValueError(f"indices_tuple[{position}] must be a 1-D integer tensor, got dtype {t.dtype} "
+                             f"and shape {tuple(t.shape)}")
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+            raise ValueError(f"indices_tuple[{position}] has indices outside [0, {size}) (min {int(t.min())}, "
+                             f"max {int(t.max())})")
+        out.append(t.to(device=device, dtype=torch.long))
+    groups = ((0, 1, 2),) if len(out) == 3 else ((0, 1), (2, 3))
+    for group in groups:
+        if len({out[g].numel() for g in group}) != 1:
+            raise ValueError(f"indices_tuple: members {group} must have one length, got "
+                             f"{[out[g].numel() for g in group]}")
+    return tuple(out)
 
 
 def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor, symmetric: bool = False) -> torch.Tensor:
@@ -56,8 +87,7 @@ def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor, symmetric: boo
 
 def _flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     """(K,) long: the row-major flat indices of ``mask``'s True entries (``nonzero`` order). On CPU by
-    numpy's ``flatnonzero``, faster than aten's ``nonzero`` on HIER's B × B masks (part
-    of stop 24's gain, ``bench/results/hier_cpu_stop24.txt``)."""
+    numpy's ``flatnonzero``, faster than aten's ``nonzero`` on HIER's B × B masks."""
     if mask.device.type == "cpu":
         return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()))
     return mask.reshape(-1).nonzero().squeeze(1)
@@ -100,7 +130,7 @@ def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """(R,) long: the first column where each row of ``x`` (R, P) equals ``value`` (R, 1).
 
     With ``value`` a row max (min) this is ``argmax`` (``argmin``), lowest index on ties, in three
-    vectorised passes: aten's CPU arg-reductions are scalar loops, ~4× slower than the three."""
+    vectorised passes: aten's CPU arg-reductions are scalar loops, slower than the three."""
     p = x.shape[1]
     hit = torch.eq(x, value, out=torch.empty_like(x))
     descending = torch.arange(p, 0, -1, device=x.device, dtype=x.dtype)  # p - column (exact in float)
@@ -175,8 +205,8 @@ def _noise_source(device: torch.device, seed: int | None = None):
     On CPU a :class:`_CounterUniform` whose 62-bit key is drawn from torch's default generator (or
     given: ``seed``, to replay the same draws), so ``torch.manual_seed`` reproduces the noise and
     activation checkpointing (which restores torch's RNG state) redraws the same. Generated inside
-    the native loop, the draws cost no buffer and no pass of their own: they replaced numpy's PCG64
-    filling (2, rows, P) buffers, the largest single cost of HIERLoss on CPU before stop 24."""
+    the native loop, the draws cost no buffer and no pass of their own (no (2, rows, P) buffers
+    filled ahead)."""
     if device.type != "cpu":
         return _DeviceUniform(), None
     seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else int(seed)
@@ -185,9 +215,7 @@ def _noise_source(device: torch.device, seed: int | None = None):
 
 # The (T, P) slabs _LCATripletLoss keeps for its backward (two natively: u¹, u², 33 MB at the default
 # 8,192 triplets × 512 proxies; three on the torch path), kept between calls on CPU: ~8,000 fresh
-# pages per call otherwise (two calls per step, the batch's triplets and the proxies'); reusing them
-# took the loss from 6.44x to 5.49x SupCon's time (``python bench/losses.py --no-miners --threads 1``
-# at 7a610fd and be010eb).
+# pages per call otherwise (two calls per step, the batch's triplets and the proxies').
 _SPARE_GRADS = SpareBuffers(capacity=2)
 
 
@@ -248,14 +276,14 @@ class _LCATripletLoss(torch.autograd.Function):
     cache and are reused by the allocator) and the backward only scales their rows, adds the hard
     path and scatters them into (N, P). Autograd over the per-op form kept a dozen (T, P)
     intermediates and ran a backward kernel for each (gathers, maxima, both softmaxes, the
-    zero-valued product, bool-mask routing); that cost ~25 times PML's SupConLoss at B = 900.
+    zero-valued product, bool-mask routing), many times the cost of this form.
 
     On CPU the rows run in the native library (:func:`pml_hyperbolic._native.lca_rows`: one pass
     per row for the maxima, one per choice, one writing u¹ and u²; the same draws, the same choices,
     gradients equal to rounding), and the backward routes u¹, u² through the maxima while it scatters
     them (:func:`pml_hyperbolic._native.lca_backward`): two (T, P) slabs written and read instead of
-    three. Elsewhere, or with ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below. Timings: the Cost
-    paragraph of :class:`HIERLoss`.
+    three. Elsewhere, or with ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below. Costs:
+    docs/design/hier-loss.md.
     """
 
     @staticmethod
@@ -411,11 +439,11 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     O(N·P + P² + T + chunk_size·P), never O(B³). A chunk keeps two (chunk_size, P) gradient slabs
     for the backward on CPU (three on the torch path); its temporaries are blocks of ~2¹⁸ elements.
 
-    **Cost.** At B = 900 with the defaults (2 × 8,192 triplets × 512 proxies) one forward and
-    backward takes 82–92 ms on 1 CPU thread, 1.72–1.83× PML's ``SupConLoss`` in the same run
-    (``python bench/losses.py --no-miners --threads 1 --only HIERLoss SupCon``;
-    bench/results/hier_cpu_stop24.txt; 129–150 ms, 2.9–3.3× before stop 24). ``max_triplets``,
-    ``max_proxy_triplets`` and ``num_proxies`` scale it linearly.
+    **Cost.** O(T·P) per term for T triplets and P proxies: ``max_triplets``,
+    ``max_proxy_triplets`` and ``num_proxies`` scale it linearly (timings against PML's
+    ``SupConLoss``: the design note).
+
+    Design note: docs/design/hier-loss.md
 
     Args:
         embedding_size: D of the embeddings (and the proxies).
@@ -435,18 +463,28 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         proxy_term: add the proxy-proxy hierarchy term, default True.
         proxy_nn_k: k of the proxies' mutual-neighbour positives, default 10 (k ≥ P − 1 leaves
             no proxy negatives: no proxy term).
-        max_triplets / max_proxy_triplets: triplet budget per term, default 8192 each (about the
-            paper's 50 triplets per anchor for a batch of ~160).
+        max_triplets: triplet budget of the batch term, default 8192 (about the paper's 50
+            triplets per anchor for a batch of ~160).
+        max_proxy_triplets: triplet budget of the proxy term, default 8192.
         stochastic_lca: Gumbel noise in training mode, default True.
         proxy_init_std: proxies start as N(0, std²) tangent vectors, default 0.01 (near the
             origin, i.e. near the root of the hierarchy; ~0.11 Euclidean norm at D = 128).
         chunk_size: triplets per chunk, default 8192 (a default call is one chunk per term, no
             recomputation; larger budgets are chunked).
+        **kwargs: passed to PML's ``BaseMetricLossFunction`` (``reducer``, ...); ``distance`` is
+            refused (the loss always uses the Poincaré distance of its own ``c``).
+
+    Raises:
+        ValueError: at construction, a bad argument, naming it; at a call, embeddings of the wrong
+            shape or not finite, or an ``indices_tuple`` that is not a triplet or pair tuple of 1-D
+            integer indices of matching lengths within the batch (checked before any is used).
     """
 
-    def __init__(self, embedding_size, num_proxies=512, margin=0.1, c=0.1, clip_r="auto", tau=0.1,
-                 positives="labels", mutual_nn_k=10, proxy_term=True, proxy_nn_k=10, max_triplets=8192,
-                 max_proxy_triplets=8192, stochastic_lca=True, proxy_init_std=0.01, chunk_size=8192, **kwargs):
+    def __init__(self, embedding_size: int, num_proxies: int = 512, margin: float = 0.1,
+                 c: float | torch.Tensor | nn.Module = 0.1, clip_r: float | str | None = "auto", tau: float = 0.1,
+                 positives: str = "labels", mutual_nn_k: int = 10, proxy_term: bool = True, proxy_nn_k: int = 10,
+                 max_triplets: int = 8192, max_proxy_triplets: int = 8192, stochastic_lca: bool = True,
+                 proxy_init_std: float = 0.01, chunk_size: int = 8192, **kwargs: Any):
         if "distance" in kwargs:
             raise ValueError("distance: HIERLoss always uses the Poincaré distance of its own c; pass c instead")
         self.proxy_term = bool(proxy_term)  # read by _sub_loss_names during super().__init__
@@ -552,9 +590,8 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         B, R = embeddings.shape[0], ref_emb.shape[0]
         dev = embeddings.device
         if indices_tuple is not None:
-            if len(indices_tuple) not in (3, 4):
-                raise ValueError(f"indices_tuple must be a PML triplet (3) or pair (4) tuple, got {len(indices_tuple)}")
-            a, p, n = lmu.convert_to_triplets(tuple(t.to(dev).long() for t in indices_tuple), labels, ref_labels)
+            indices_tuple = _checked_indices_tuple(indices_tuple, B, R, dev)
+            a, p, n = lmu.convert_to_triplets(indices_tuple, labels, ref_labels)
             return self._subsample((a, p, n), self.max_triplets)
         if labels is None:
             raise ValueError("labels or indices_tuple is required")

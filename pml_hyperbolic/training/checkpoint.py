@@ -1,15 +1,25 @@
-"""Atomic checkpoints with everything ``--resume`` needs to reproduce an uninterrupted run."""
+"""Atomic checkpoints with everything ``--resume`` needs to reproduce an uninterrupted run.
+
+Files hold tensors and plain data only and are read with torch's restricted loader
+(``weights_only=True``): a crafted file is refused before any of its code runs. A SHA-256 digest
+over the serialised state makes damage a clear error.
+
+Design note: docs/design/checkpoints.md
+"""
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import pickle
 import random
+import re
 import signal
 import tempfile
 import threading
+import zipfile
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
@@ -24,7 +34,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pack_with_digest(obj) -> Dict:
+def pack_with_digest(obj: Any) -> Dict:
     """``{"format", "sha256", "payload"}``: ``obj`` serialised by ``torch.save`` and its SHA-256.
 
     torch's zip reader checks no CRC, so bytes flipped inside tensor data would load silently; the
@@ -35,21 +45,117 @@ def pack_with_digest(obj) -> Dict:
     return {"format": CHECKPOINT_FORMAT, "sha256": _sha256(payload), "payload": payload}
 
 
-def unpack_with_digest(packed, path: str, map_location="cpu"):
+def _numpy_reconstruct():
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+# The only globals a checkpoint may name besides torch's own: numpy's array reconstruction, for the
+# NumPy RNG state of checkpoints written before it was stored as plain integers (both module names:
+# numpy 1 and numpy 2 pickle it under different ones).
+_SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                 (_numpy_reconstruct(), "numpy.core.multiarray._reconstruct"),
+                 (_numpy_reconstruct(), "numpy._core.multiarray._reconstruct")]
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Reads pickles of plain data only (dicts, strings, bytes, numbers): any global or tensor is
+    refused before anything is built, so no code from the file can run."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("tensor data")
+
+
+def _refused(path: str, err: Exception) -> ConfigError:
+    """One line for a file that the restricted loader refuses (no pickle internals)."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    what = f" ({found.group(1)})" if found else ""
+    return ConfigError(f"cannot read checkpoint {path}: it holds objects other than tensors and plain data{what}; "
+                       "refused, since loading them could run code from the file. Use a checkpoint written by "
+                       "pml-hyperbolic's training, or start from scratch.")
+
+
+def _torch_load(source, path: str, map_location):
+    """``torch.load(weights_only=True)`` with the few numpy globals old checkpoints need; every
+    failure as one ConfigError naming ``path``."""
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            return torch.load(source, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise _refused(path, err) from None
+    except Exception as err:  # truncated, not a torch file, unreadable
+        raise ConfigError(f"cannot read checkpoint {path}: not a readable torch checkpoint "
+                          f"({type(err).__name__}). Resume from another checkpoint or start from scratch.") from None
+
+
+def unpack_with_digest(packed: Any, path: str, map_location: Any = "cpu") -> Any:
     """Inverse of :func:`pack_with_digest`; a digest mismatch raises ``ConfigError`` naming ``path``.
-    A file written before digests existed (no ``format`` key) is returned as it is."""
+    A file written before digests existed (no ``format`` key) is returned as it is. The payload is
+    read with ``torch.load(weights_only=True)``: tensors and plain data only, never code.
+
+    Raises:
+        ConfigError: a digest mismatch, or a payload that holds anything else than tensors and
+            plain data (refused before any of it is executed).
+    """
     if not (isinstance(packed, dict) and packed.get("format") == CHECKPOINT_FORMAT):
         return packed
     payload = packed.get("payload")
     if not isinstance(payload, (bytes, bytearray)) or _sha256(bytes(payload)) != packed.get("sha256"):
         raise ConfigError(f"--resume: checkpoint {path} is corrupted (its SHA-256 digest does not match its "
                           "contents). Resume from another checkpoint (best.pt / last.pt) or start from scratch.")
-    return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
+    return _torch_load(io.BytesIO(bytes(payload)), path, map_location)
 
 
-def read_checkpoint(path: str, map_location="cpu"):
-    """Load a checkpoint written by :func:`atomic_torch_save`, verifying its digest."""
-    return unpack_with_digest(torch.load(path, map_location=map_location, weights_only=False), path, map_location)
+def _read_container(path: str):
+    """The outer dict of a file written by :func:`atomic_torch_save`, read by :class:`_PlainUnpickler`
+    (the container holds no tensors; torch's restricted loader does not read the pickle protocol
+    that stores the payload bytes raw), or None when ``path`` is a torch zip file of another kind
+    (a checkpoint from before digests existed, or a foreign file). ConfigError when it is not a
+    torch zip file at all."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name for name in archive.namelist() if name.endswith("/data.pkl")]
+            if len(names) != 1:
+                raise zipfile.BadZipFile("no data.pkl")
+            data = archive.read(names[0])
+    except zipfile.BadZipFile as err:
+        if "CRC" in str(err):  # bytes changed after the file was written (zip's own check, before the digest's)
+            raise ConfigError(f"--resume: checkpoint {path} is corrupted (its CRC-32 and SHA-256 digests do not "
+                              "match its contents). Resume from another checkpoint (best.pt / last.pt) or start "
+                              "from scratch.") from None
+        raise ConfigError(f"cannot read checkpoint {path}: not a torch checkpoint (zip) file. Resume from "
+                          "another checkpoint or start from scratch.") from None
+    except (EOFError, ValueError, OSError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else "not a torch checkpoint (zip) file"
+        raise ConfigError(f"cannot read checkpoint {path}: {reason}. Resume from another checkpoint or "
+                          "start from scratch.") from None
+    try:
+        packed = _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception:
+        return None
+    return packed if isinstance(packed, dict) and packed.get("format") == CHECKPOINT_FORMAT else None
+
+
+def read_checkpoint(path: str, map_location: Any = "cpu") -> Any:
+    """Load a checkpoint written by :func:`atomic_torch_save`, verifying its digest.
+
+    Tensors and plain data only (``weights_only=True``): a file holding other objects is refused
+    before any of its code can run.
+
+    Raises:
+        ConfigError: naming ``path``, for a file that is not a readable checkpoint, whose digest does
+            not match, or that holds objects other than tensors and plain data.
+    """
+    packed = _read_container(path)
+    if packed is None:  # written before digests existed, or foreign: the restricted loader on the file
+        return _torch_load(path, path, map_location)
+    return unpack_with_digest(packed, path, map_location)
 
 
 _deferring = False
@@ -85,7 +191,7 @@ def ctrl_c_deferred() -> Iterator[None]:
         # SIG_IGN: the process ignores Ctrl-C; so do we
 
 
-def atomic_torch_save(obj, path: str, packed: bool = False) -> None:
+def atomic_torch_save(obj: Any, path: str, packed: bool = False) -> None:
     """Write ``obj`` (with a SHA-256 digest, see :func:`pack_with_digest`) to a temporary file in the
     same folder, fsync it, then ``os.replace`` it. ``packed=True``: ``obj`` is already the output of
     :func:`pack_with_digest` (one serialisation written to several files).
@@ -118,9 +224,12 @@ def _write_then_replace(packed: Dict, path: str) -> None:
 
 
 def rng_state() -> Dict:
+    """Python's, NumPy's, torch's (and CUDA's) RNG states, as tensors and plain data (NumPy's key
+    array as a list of ints), so that :func:`read_checkpoint`'s restricted loader reads them."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -129,8 +238,10 @@ def rng_state() -> Dict:
 
 
 def set_rng_state(state: Dict) -> None:
+    """Restore :func:`rng_state`'s states (NumPy's key array as a list or, in older checkpoints, an array)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -166,7 +277,14 @@ def check_compatible(checkpoint: Dict, config: Dict, path: str) -> None:
 
 
 class CheckpointManager:
-    """``last.pt`` after every epoch and ``best.pt`` whenever Recall@1 improves, both atomic."""
+    """``last.pt`` after every epoch and ``best.pt`` whenever Recall@1 improves, both atomic.
+
+    Args:
+        run_dir: the run's output folder (the checkpoints' folder).
+        config: the run's configuration; its fingerprint is saved, and a checkpoint written under
+            another one is refused at load.
+        enabled: False writes nothing.
+    """
 
     def __init__(self, run_dir: str, config: Dict, enabled: bool = True):
         self.run_dir = run_dir
@@ -222,11 +340,18 @@ class CheckpointManager:
         return path
 
     def load(self, path: str, map_location="cpu") -> Dict:
+        """The checkpoint at ``path`` (:func:`read_checkpoint`), checked against this run's config.
+
+        Raises:
+            ConfigError: an unreadable, corrupted, unsafe or incompatible checkpoint, naming ``path``.
+        """
         try:
-            checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-        except Exception as err:  # corrupted or foreign file: tell the user which
-            raise ConfigError(f"--resume: cannot read checkpoint {path}: {err}")
-        checkpoint = unpack_with_digest(checkpoint, path, map_location)
+            checkpoint = read_checkpoint(path, map_location)
+        except ConfigError as err:
+            message = str(err)
+            raise ConfigError(message if message.startswith("--resume") else "--resume: " + message) from None
+        if not isinstance(checkpoint, dict):
+            raise ConfigError(f"{path} is not a pml-hyperbolic training checkpoint (no config fingerprint).")
         check_compatible(checkpoint, self.config, path)
         return checkpoint
 
