@@ -5,7 +5,8 @@ them into their Markdown equivalents before mkdocstrings renders the API referen
 * ``:math:`x``` becomes ``\\(x\\)`` and a ``.. math::`` directive a ``$$ … $$`` block (MathJax via
   ``pymdownx.arithmatex``);
 * ``:class:`~pkg.mod.Name``` becomes ``Name`` in code font (``pkg.mod.Name`` without the tilde);
-* a paragraph ending in ``::`` ends in ``:`` (the indented block after it is already a code block).
+* a paragraph ending in ``::`` ends in ``:`` (the indented block after it is already a code block);
+* ``Design note: docs/design/NAME.md`` becomes a link to that page (resolved and checked by mkdocs).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import griffe
 
 _MATH_ROLE = re.compile(r":math:`([^`]+)`")
 _XREF_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj|const):`(~?)([^`]+)`")
+_DESIGN_NOTE = re.compile(r"docs/design/([a-z0-9-]+)\.md")
 _MATH_DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*(?P<inline>.*)$")
 
 
@@ -53,7 +55,8 @@ def convert(text: str) -> str:
     text = _math_blocks(text)
     text = _MATH_ROLE.sub(lambda m: "\\(" + m.group(1) + "\\)", text)
     text = _XREF_ROLE.sub(_xref, text)
-    return re.sub(r"(?m)(\S)::[ \t]*$", r"\1:", text)
+    text = re.sub(r"(?m)(\S)::[ \t]*$", r"\1:", text)
+    return _DESIGN_NOTE.sub(r"[\g<0>](../design/\1.md)", text)
 
 
 class RstDocstrings(griffe.Extension):
