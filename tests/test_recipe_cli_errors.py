@@ -176,6 +176,38 @@ def test_bad_config_entries(text, words, tmp_path, capsys):
     assert words in line and text.split(":")[0] in line, line
 
 
+@pytest.mark.parametrize("text,words", [
+    ("1: 3\n", "setting names are text"),
+    ("null: 3\n", "setting names are text"),
+    ("lr: [1]\n", "expected one value"),
+    ("lr: {a: 1}\n", "expected a finite number"),
+    ("backbone: true\n", "expected text"),
+    ("data_root: [a]\n", "expected one value"),
+    ("device: {cuda: 0}\n", "expected text"),
+])
+def test_config_keys_and_text_values_of_the_wrong_type(text, words, tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    line = one_error_line(fails("hyp_uml_cars", "HypUML", ["--config", str(path), "--output-dir",
+                                                            str(tmp_path / "run")], capsys))
+    assert words in line and "--config" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_number_for_a_text_setting_reads_as_the_command_line_would(tmp_path):
+    HypUML = load_recipe("hyp_uml_cars").HypUML
+    path = tmp_path / "c.yaml"
+    path.write_text("backbone: 3\ndevice: cpu\n")
+    args = HypUML.parse(["--config", str(path), "--output-dir", str(tmp_path / "run")])
+    assert args.backbone == "3" and args.device == "cpu"
+
+
+def test_config_that_is_a_folder(tmp_path, capsys):
+    line = one_error_line(fails("hyp_uml_cars", "HypUML", ["--config", str(tmp_path), "--output-dir",
+                                                            str(tmp_path / "run")], capsys))
+    assert line == f"error: --config {tmp_path} is a folder; give the YAML or JSON file of settings."
+
+
 def test_config_scalar_for_a_list_is_a_one_element_list(tmp_path):
     HypUML = load_recipe("hyp_uml_cars").HypUML
     path = tmp_path / "c.yaml"

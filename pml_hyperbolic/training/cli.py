@@ -26,12 +26,14 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import textwrap
+import zipfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
-from .config import DATASET_ALIASES, ConfigError, RecipeArgumentParser, add_common_arguments, check_batch_settings, \
-    parse_config
+from .config import DATASET_ALIASES, ConfigError, RecipeArgumentParser, RunWriteError, add_common_arguments, \
+    check_batch_settings, parse_config, run_write_error
 
 #: Files of a previous run in a run folder; any of them makes the folder "used" (see check_run_folder).
 PREVIOUS_RUN_FILES = ("last.pt", "best.pt", "results.json", "log.csv", "before.json")
@@ -40,6 +42,12 @@ OVERWRITTEN_FILES = PREVIOUS_RUN_FILES + ("config.json", "poincare_disk.png", "u
                                           "retrieval_grid.png")
 #: Exit status of a run stopped by Ctrl-C (128 + SIGINT, the shell's convention).
 INTERRUPTED_EXIT_STATUS = 130
+#: Exit status of a run whose folder could not be written once it had started (disk full, read-only).
+WRITE_FAILED_EXIT_STATUS = 1
+#: Suffix of the sibling folder that keeps the run --overwrite replaces until the new run completes.
+BACKUP_SUFFIX = ".previous"
+#: The file that marks a backup folder as made by --overwrite (only such a folder is ever deleted).
+BACKUP_MARKER = ".pml-hyperbolic-previous-run"
 
 
 class ImportedOnUse:
@@ -209,12 +217,21 @@ def resume_checkpoint_path(run_dir: str, resume: Optional[str]) -> Optional[str]
     if not os.path.isfile(path):
         raise ConfigError(f"--resume: no checkpoint at {path}. Give the path of a last.pt/best.pt, or drop "
                           "--resume to start from scratch.")
+    try:  # torch.save writes zip archives: anything else is refused before torch is imported
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as err:
+        raise ConfigError(f"--resume: cannot read {path}: {err.strerror or err}.") from None
+    if not is_zip:
+        raise ConfigError(f"--resume: {path} is not a checkpoint (checkpoints are the zip archives torch.save "
+                          "writes: a last.pt/best.pt of a run). Give another checkpoint, or drop --resume to "
+                          "start from scratch.")
     return path
 
 
 def check_run_folder(run_dir: str, resume: Optional[str], overwrite: bool) -> None:
     """Refuse to mix two runs in one folder: a folder holding an earlier run needs ``--resume``
-    (continue it) or ``--overwrite`` (delete it first).
+    (continue it) or ``--overwrite`` (replace it: the earlier run waits in
+    :func:`backup_folder` until the new one completes).
 
     Args:
         run_dir: the run folder.
@@ -222,20 +239,39 @@ def check_run_folder(run_dir: str, resume: Optional[str], overwrite: bool) -> No
         overwrite: whether ``--overwrite`` was given.
 
     Raises:
-        ConfigError: for ``--resume`` with ``--overwrite``, a missing checkpoint, or a used folder
-            without either flag.
+        ConfigError: for ``--resume`` with ``--overwrite``, a missing checkpoint or a file that is
+            no checkpoint, a used folder without either flag, or (``--overwrite``) a backup folder
+            that cannot be made or that exists and was not made by ``--overwrite``.
     """
     if resume is not None and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: --resume continues the run in "
-                          f"{run_dir}, --overwrite deletes it. Give one of them.")
+                          f"{run_dir}, --overwrite replaces it. Give one of them.")
     if resume is not None:
         resume_checkpoint_path(run_dir, resume)
         return
     found = previous_run_files(run_dir)
     if found and not overwrite:
         raise ConfigError(f"--output-dir {run_dir} holds a previous run ({', '.join(found)}). Continue it with "
-                          "--resume, start afresh with --overwrite (deletes its checkpoints, logs, results and "
-                          "plots), or choose another --output-dir.")
+                          "--resume, start afresh with --overwrite (replaces its checkpoints, logs, results and "
+                          "plots once the new run completes), or choose another --output-dir.")
+    if not found:
+        return
+    backup = backup_folder(run_dir)
+    if os.path.lexists(backup) and not is_backup_folder(backup):
+        raise ConfigError(f"--overwrite keeps the previous run in {backup} until the new run completes, but "
+                          f"{backup} already exists and was not made by --overwrite. Move it away, or choose "
+                          "another --output-dir.")
+    try:
+        _try_creating_a_folder(os.path.dirname(backup))
+    except OSError as err:
+        raise ConfigError(f"--overwrite keeps the previous run in {backup} until the new run completes, but "
+                          f"{os.path.dirname(backup)} refuses it ({err.strerror or err}). Move the previous run "
+                          "away yourself, or choose another --output-dir.") from None
+
+
+def _try_creating_a_folder(parent: str) -> None:
+    """Create and remove an empty folder in ``parent``; the ``OSError`` when that fails."""
+    os.rmdir(tempfile.mkdtemp(prefix=".pml-hyperbolic-write-test-", dir=parent))
 
 
 def check_output_folder(run_dir: str, flag: str = "--output-dir") -> None:
@@ -247,7 +283,9 @@ def check_output_folder(run_dir: str, flag: str = "--output-dir") -> None:
 
     Raises:
         ConfigError: when ``run_dir`` is a file, lies under a file, or its nearest existing folder
-            is not writable.
+            is not writable (by its permission bits, or because creating a folder there fails, as
+            on a read-only mount or under ``/proc``), or when a resumed run's ``log.csv`` is not
+            writable.
     """
     path = os.path.abspath(os.path.expanduser(run_dir))
     if os.path.exists(path) and not os.path.isdir(path):
@@ -260,6 +298,17 @@ def check_output_folder(run_dir: str, flag: str = "--output-dir") -> None:
                           "for the run.")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {run_dir}: {parent} is not writable. Choose a folder you can write to.")
+    try:  # the permission bits do not tell everything (root, read-only mounts, /proc): try it
+        _try_creating_a_folder(parent)
+    except OSError as err:
+        raise ConfigError(f"{flag} {run_dir}: cannot create a folder in {parent} ({err.strerror or err}). Choose "
+                          "a folder you can write to.") from None
+    if parent == path:  # an existing run folder: the files a resumed run appends to must be writable too
+        for name in ("log.csv",):
+            file = os.path.join(path, name)
+            if os.path.isfile(file) and not os.access(file, os.W_OK):
+                raise ConfigError(f"{flag} {run_dir}: {file} is not writable. Make it writable, or choose "
+                                  "another --output-dir.")
 
 
 def clear_previous_run(run_dir: str) -> List[str]:
@@ -293,6 +342,137 @@ def clear_previous_run(run_dir: str) -> List[str]:
         shutil.rmtree(tensorboard)
         deleted.append("tensorboard/")
     return deleted
+
+
+def _run_file_names(run_dir: str) -> List[str]:
+    """The names of the run files in ``run_dir`` (:data:`OVERWRITTEN_FILES`, the plots its results
+    list, ``tensorboard``), those that exist."""
+    import json
+
+    names = set(OVERWRITTEN_FILES)
+    try:
+        with open(os.path.join(run_dir, "results.json")) as handle:
+            names.update(os.path.basename(p) for p in (json.load(handle).get("plots") or {}).values())
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    names.add("tensorboard")
+    return sorted(name for name in names if os.path.lexists(os.path.join(run_dir, name)))
+
+
+def backup_folder(run_dir: str) -> str:
+    """Where ``--overwrite`` keeps the previous run: the sibling folder ``<run_dir>.previous``.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The backup folder's path (it need not exist).
+    """
+    return os.path.normpath(os.path.abspath(os.path.expanduser(run_dir))) + BACKUP_SUFFIX
+
+
+def is_backup_folder(path: str) -> bool:
+    """Whether ``path`` is a folder made by :func:`backup_previous_run` (it holds :data:`BACKUP_MARKER`).
+
+    Args:
+        path: a folder.
+
+    Returns:
+        True for a backup folder, False for anything else.
+    """
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, BACKUP_MARKER))
+
+
+def backup_previous_run(run_dir: str) -> Optional[str]:
+    """Move an earlier run's files out of the run folder into :func:`backup_folder` (``os.replace``
+    within one parent folder: nothing is copied), so that ``--overwrite`` loses nothing until the
+    new run has a checkpoint of its own. Half-written checkpoints of a killed run are deleted;
+    other files of the folder stay.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The backup folder, or None when the folder held no run files.
+
+    Raises:
+        RunWriteError: a file could not be moved (those moved are put back first).
+    """
+    for path in glob.glob(os.path.join(run_dir, ".tmp-*")):
+        os.remove(path)
+    names = _run_file_names(run_dir)
+    if not names:
+        return None
+    backup = backup_folder(run_dir)
+    if is_backup_folder(backup):  # left by an --overwrite run that did not complete: this run replaces it
+        shutil.rmtree(backup)
+    moved = []
+    try:
+        os.makedirs(backup)
+        with open(os.path.join(backup, BACKUP_MARKER), "w") as handle:
+            handle.write(f"The previous run of {os.path.abspath(run_dir)}, kept by --overwrite until the new run "
+                         "completes.\n")
+        for name in names:
+            os.replace(os.path.join(run_dir, name), os.path.join(backup, name))
+            moved.append(name)
+    except OSError as err:
+        for name in moved:
+            os.replace(os.path.join(backup, name), os.path.join(run_dir, name))
+        shutil.rmtree(backup, ignore_errors=True)
+        raise run_write_error(getattr(err, "filename", None) or backup, err) from None
+    return backup
+
+
+def restore_previous_run(run_dir: str, backup: str) -> List[str]:
+    """Undo :func:`backup_previous_run`: delete the new run's files and move the previous run's back.
+
+    Args:
+        run_dir: the run folder.
+        backup: the backup folder.
+
+    Returns:
+        The names restored.
+    """
+    if not is_backup_folder(backup):
+        return []
+    clear_previous_run(run_dir)
+    names = [name for name in os.listdir(backup) if name != BACKUP_MARKER]
+    for name in names:
+        os.replace(os.path.join(backup, name), os.path.join(run_dir, name))
+    shutil.rmtree(backup)
+    return sorted(names)
+
+
+def discard_previous_run(run_dir: str) -> Optional[str]:
+    """Delete the backup :func:`backup_previous_run` made, once the new run has completed.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        The backup folder deleted, or None when there was none.
+    """
+    backup = backup_folder(run_dir)
+    if not is_backup_folder(backup):
+        return None
+    shutil.rmtree(backup)
+    return backup
+
+
+def one_line(message: str) -> str:
+    """A message on one line: a multi-line one (e.g. a list of differing settings) joined with ``; ``.
+
+    Args:
+        message: the text.
+
+    Returns:
+        Its non-empty lines, stripped and joined.
+    """
+    out = ""
+    for line in (part.strip() for part in message.splitlines()):
+        if line:
+            out += (line if not out else (" " if out.endswith(":") else "; ") + line)
+    return out
 
 
 def resume_command(argv: Sequence[str], program: Optional[str] = None) -> str:
@@ -531,8 +711,9 @@ class RecipeCommandLine:
             The run's results.
 
         Raises:
-            SystemExit: status 2 after one ``error:`` line for a user error; 130 on Ctrl-C, after
-                printing where the last checkpoint is and how to resume.
+            SystemExit: status 2 after one ``error:`` line for a user error; 1 after one ``error:``
+                line naming the file when the run folder cannot be written once the run started;
+                130 on Ctrl-C, after printing where the last checkpoint is and how to resume.
         """
         argv = list(sys.argv[1:] if argv is None else argv)
         run_dir = None
@@ -542,8 +723,11 @@ class RecipeCommandLine:
             run_dir = cls.run_folder(args)
             return cls(args).run()
         except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
+            print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
             raise SystemExit(2)
+        except RunWriteError as err:
+            print(f"error: {one_line(str(err))}", file=sys.stderr, flush=True)
+            raise SystemExit(WRITE_FAILED_EXIT_STATUS)
         except KeyboardInterrupt:
             print(interrupted_message(run_dir, argv), file=sys.stderr, flush=True)
             raise SystemExit(INTERRUPTED_EXIT_STATUS)
@@ -561,7 +745,9 @@ def interrupted_message(run_dir: Optional[str], argv: Sequence[str]) -> str:
     """
     checkpoint = os.path.join(run_dir, "last.pt") if run_dir else None
     if checkpoint and os.path.isfile(checkpoint):
-        return (f"interrupted: the last checkpoint is {checkpoint}; continue with: {resume_command(argv)}")
+        kept = backup_folder(run_dir)
+        kept = f" (the run it replaces stays in {kept} until this one completes)" if is_backup_folder(kept) else ""
+        return f"interrupted: the last checkpoint is {checkpoint}{kept}; continue with: {resume_command(argv)}"
     if run_dir:
         again = "the same command" + (" plus --overwrite" if previous_run_files(run_dir) and "--overwrite" not in argv
                                       else "")

@@ -47,6 +47,37 @@ class ConfigError(ValueError):
     """A user-facing configuration problem; recipes print its message and exit with status 2."""
 
 
+class RunWriteError(RuntimeError):
+    """A file of the run folder could not be written once the run had started (disk full, a
+    read-only folder, a quota); recipes print its message as one ``error:`` line and exit with
+    status 1, without a traceback.
+
+    Design note: docs/design/training.md
+    """
+
+
+def run_write_error(path: str, err: BaseException, what: str = "", advice: str = "") -> RunWriteError:
+    """One line saying that ``path`` could not be written, and why.
+
+    Args:
+        path: the file or folder that failed.
+        err: the ``OSError`` (its ``strerror``) or torch's ``RuntimeError`` (its text) raised.
+        what: what the file is (e.g. ``"checkpoint"``); empty for none.
+        advice: what to do; empty for the default (free space, make the folder writable, or
+            choose another ``--output-dir``).
+
+    Returns:
+        The error to raise: ``cannot write <what> <path>: <reason>. <advice>``, with
+        ``(disk full?)`` after a reason that is not the system's own (torch's zip writer says
+        ``unexpected pos ...`` when the disk fills up).
+    """
+    reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+    if not isinstance(err, OSError):
+        reason = f"{reason} (disk full?)"
+    advice = advice or "Free space or make the folder writable, or choose another --output-dir."
+    return RunWriteError(f"cannot write {what + ' ' if what else ''}{path}: {reason}. {advice}")
+
+
 class RecipeArgumentParser(argparse.ArgumentParser):
     """``argparse`` with a one-line error: the recipes' usage string is ~40 lines, which buried the
     message ("invalid choice: 'foo'") under it."""
@@ -512,7 +543,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset: st
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="Resume from CKPT, or with no value from <output-dir>/last.pt.")
     g.add_argument("--overwrite", action="store_true",
-                   help="Delete a previous run's checkpoints, logs, results and plots in --output-dir first.")
+                   help="Replace a previous run in --output-dir: its files wait in <output-dir>.previous "
+                        "until the new run completes (put back if it stops before its first checkpoint).")
     g.add_argument("--memory-format", default="auto", choices=["auto", "channels_last", "contiguous"],
                    help="Layout of the backbone's convolutions ('auto': channels_last on CPU, contiguous elsewhere).")
     g.add_argument("--threads", type=threads_arg, default="auto", metavar="N",
@@ -541,6 +573,8 @@ def load_config_file(path: str) -> Dict:
         ConfigError: for a missing or unreadable file, a syntax error (with its line), or a file
             that does not hold a mapping.
     """
+    if os.path.isdir(path):
+        raise ConfigError(f"--config {path} is a folder; give the YAML or JSON file of settings.")
     if not os.path.isfile(path):
         raise ConfigError(f"--config: file not found: {path}")
     try:
@@ -564,6 +598,10 @@ def load_config_file(path: str) -> Dict:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config: {path} must hold a mapping of setting: value, got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"--config {path}: setting names are text (e.g. batch_size), got {key!r} "
+                              f"({type(key).__name__}); run with --help for the list")
     return {str(k).replace("-", "_").lstrip("_"): v for k, v in data.items()}
 
 
@@ -583,6 +621,16 @@ def yaml_error_message(path: str, err: Exception) -> str:
     return f"--config {path}{where}: YAML syntax error: {what}"
 
 
+def _text(value: Any) -> str:
+    """A text setting from a config file: text as it is, a number as the command line would spell
+    it (``backbone: 3`` is ``--backbone 3``); anything else is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise argparse.ArgumentTypeError(f"expected text, got {value!r}")
+
+
 def _coerce(parser: argparse.ArgumentParser, dest: str, value):
     """Convert a config-file value with the flag's own ``type`` and ``choices``, so that a file is
     checked as the command line is. A scalar given for a list-valued flag (``k_values: 1``) is read
@@ -595,7 +643,7 @@ def _coerce(parser: argparse.ArgumentParser, dest: str, value):
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             convert = str2bool
         else:
-            convert = action.type
+            convert = action.type or _text
         many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
         try:
             if isinstance(value, (list, tuple)):

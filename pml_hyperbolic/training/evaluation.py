@@ -381,6 +381,34 @@ class EpochEndEvaluator:
             self.stop_after_epoch is not None and epoch >= self.stop_after_epoch)
         return last or (self.eval_every > 0 and epoch % self.eval_every == 0)
 
+    def save_checkpoint(self, trainer: Any, epoch: int, is_best: bool) -> None:
+        """``last.pt`` (and ``best.pt``) through the checkpoint manager; a failed write as one line.
+
+        Args:
+            trainer: the trainer.
+            epoch: the epoch just completed.
+            is_best: whether this epoch's Recall@1 is the best so far.
+
+        Raises:
+            RunWriteError: the checkpoint could not be written (an ``OSError``, or the
+                ``RuntimeError`` torch's zip writer raises on a full disk, e.g. ``unexpected pos``);
+                the file written before it stays in place, since checkpoints are written to a
+                temporary file and then renamed.
+        """
+        from .config import ConfigError, RunWriteError, run_write_error
+
+        try:
+            self.checkpoints.save(trainer, epoch, self.best, self.history, is_best)
+        except ConfigError as err:  # the manager's own message for an OSError
+            raise RunWriteError(str(err)) from None
+        except (OSError, RuntimeError) as err:
+            paths = [getattr(self.checkpoints, "last_path", "last.pt")]
+            if is_best:
+                paths.append(getattr(self.checkpoints, "best_path", "best.pt"))
+            raise run_write_error(" or ".join(paths), err, "checkpoint",
+                                  advice="The previous checkpoint there is intact; free space or choose another "
+                                         "--output-dir.") from None
+
     def __call__(self, trainer: Any) -> bool:
         from .distributed import barrier
 
@@ -405,7 +433,7 @@ class EpochEndEvaluator:
             is_best = r1 is not None and r1 > self.best["recall_at_1"]
             if is_best:
                 self.best = {"epoch": epoch, **recall}
-            self.checkpoints.save(trainer, epoch, self.best, self.history, is_best)
+            self.save_checkpoint(trainer, epoch, is_best)
             if self.verbose:
                 msg = f"epoch {epoch} step {trainer.global_step} loss {row['loss']:.4f}"
                 if recall:

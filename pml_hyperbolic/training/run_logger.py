@@ -7,7 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, Dict, Optional
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Optional
+
+from .config import run_write_error
 
 TENSORBOARD_MISSING_NOTE = ("note: TensorBoard is not installed; install pml-hyperbolic[tensorboard] to log "
                             "curves (use --no-tensorboard to silence this)")
@@ -21,6 +24,10 @@ class RunLogger:
     ``tensorboard`` the same scalars also go to ``<run_dir>/tensorboard/`` when the ``tensorboard``
     package can be imported; when it cannot, the run goes on with the CSV alone and
     :attr:`tensorboard_note` says why (the recipes print it once).
+
+    Every write that fails (disk full, a read-only folder) raises
+    :class:`~pml_hyperbolic.training.config.RunWriteError` naming the file, which the recipes print
+    as one ``error:`` line.
 
     Args:
         run_dir: the run folder (created when ``enabled``).
@@ -40,7 +47,8 @@ class RunLogger:
         self.writer = None
         self.tensorboard_note: Optional[str] = None
         if enabled:
-            os.makedirs(run_dir, exist_ok=True)
+            with _writing(run_dir):
+                os.makedirs(run_dir, exist_ok=True)
             if tensorboard:
                 try:
                     from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -66,7 +74,7 @@ class RunLogger:
             return
         fields = list(rows[0].keys())
         kept = [r for r in rows if int(r["epoch"]) <= epoch]
-        with open(self.csv_path, "w", newline="") as handle:
+        with _writing(self.csv_path), open(self.csv_path, "w", newline="") as handle:
             w = csv.DictWriter(handle, fieldnames=fields)
             w.writeheader()
             w.writerows(kept)
@@ -81,7 +89,7 @@ class RunLogger:
                 fields = next(csv.reader(handle), None) or list(row.keys())
         else:
             fields = list(row.keys())
-        with open(self.csv_path, "a", newline="") as handle:
+        with _writing(self.csv_path), open(self.csv_path, "a", newline="") as handle:
             w = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
             if not exists:
                 w.writeheader()
@@ -99,15 +107,32 @@ class RunLogger:
             return None
         path = os.path.join(self.run_dir, name)
         tmp = path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(payload, handle, indent=2, default=_json_default)
-        os.replace(tmp, path)
+        with _writing(path):
+            try:
+                with open(tmp, "w") as handle:
+                    json.dump(payload, handle, indent=2, default=_json_default)
+                os.replace(tmp, path)
+            except OSError:
+                try:  # a half-written file would be mistaken for a result
+                    os.remove(tmp)
+                except OSError:
+                    pass
+                raise
         return path
 
     def close(self) -> None:
         """Close the TensorBoard writer, if any."""
         if self.writer is not None:
             self.writer.close()
+
+
+@contextmanager
+def _writing(path: str) -> Iterator[None]:
+    """An ``OSError`` inside the block as one :class:`RunWriteError` naming ``path``."""
+    try:
+        yield
+    except OSError as err:
+        raise run_write_error(path, err) from None
 
 
 def _json_default(value):

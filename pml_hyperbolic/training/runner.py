@@ -21,9 +21,11 @@ import torch
 from ..backbones import PretrainedWeightsUnavailableError
 from ..data.image_list import DatasetNotFoundError, collate_skipping_unreadable
 from . import config as cfg
-from .checkpoint import CheckpointManager, restore_trainer, unwrap
-from .cli import RecipeCommandLine, clear_previous_run, previous_run_files
-from .config import ConfigError, check_batch_settings  # noqa: F401 - check_batch_settings: public here too
+from .checkpoint import CheckpointManager, ctrl_c_deferred, restore_trainer, unwrap
+from .cli import (RecipeCommandLine, backup_previous_run, discard_previous_run, previous_run_files,
+                  restore_previous_run)
+# check_batch_settings and RunWriteError: public here too
+from .config import ConfigError, RunWriteError, check_batch_settings, run_write_error  # noqa: F401
 from .distributed import barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
 from .evaluation import EpochEndEvaluator, Evaluator, build_tester, eval_protocol, format_recall
 from .radius_terms import add_radius_terms
@@ -510,8 +512,13 @@ class Recipe(RecipeCommandLine):
         except PretrainedWeightsUnavailableError as err:
             raise ConfigError(str(err)) from None
         freeze_long_lived_objects()
+        self.previous_run_backup = None
         try:
-            return self._run(t0)
+            try:
+                return self._run(t0)
+            except BaseException:
+                self._put_back_previous_run()
+                raise
         except PretrainedWeightsUnavailableError as err:
             raise ConfigError(str(err)) from None
         except DatasetNotFoundError as err:  # a folder with the wrong layout, a garbage annotation file
@@ -519,6 +526,24 @@ class Recipe(RecipeCommandLine):
         finally:
             gc.unfreeze()  # collectable again: several runs in one process (tests) leak nothing
             cleanup(self.ctx)
+
+    def _put_back_previous_run(self) -> None:
+        """After a failed or interrupted ``--overwrite`` run: when it wrote no checkpoint, delete its
+        files and move the previous run back from its backup folder (``cli.backup_previous_run``)."""
+        backup = getattr(self, "previous_run_backup", None)
+        if not backup or os.path.isfile(os.path.join(self.run_dir, "last.pt")):
+            return  # nothing kept aside, or this run has a checkpoint to resume: the backup waits
+        try:
+            with ctrl_c_deferred():  # never half moved
+                restored = restore_previous_run(self.run_dir, backup)
+        except OSError as err:
+            self.say(f"[pml-hyperbolic] the previous run could not be put back ({err.strerror or err}); its files "
+                     f"are in {backup}/")
+            return
+        self.previous_run_backup = None
+        if restored:
+            self.say(f"[pml-hyperbolic] stopped before the first checkpoint: the previous run is back in "
+                     f"{self.run_dir}/")
 
     def build_training_parts(self):
         """``(loss_funcs, miner, optimizers, trainer_class, trainer_kwargs)`` of this recipe's training step,
@@ -581,19 +606,24 @@ class Recipe(RecipeCommandLine):
 
             check_run_folder(self.run_dir, a.resume, a.overwrite)
             if a.overwrite and previous_run_files(self.run_dir):
-                deleted = clear_previous_run(self.run_dir)
-                self.status(f"--overwrite: deleted the previous run's {', '.join(deleted)} in {self.run_dir}/")
+                # kept aside, not deleted: put back if this run stops before its first checkpoint
+                with ctrl_c_deferred():  # never half moved
+                    self.previous_run_backup = backup_previous_run(self.run_dir)
+                if self.previous_run_backup:
+                    self.status(f"--overwrite: the previous run's files are in {self.previous_run_backup}/ "
+                                "until this run completes")
         barrier(self.ctx)
         config = cfg.config_to_dict(a)
         config["dataset_resolved"] = self.dataset_name
         self.config = config
+        checkpoints = CheckpointManager(self.run_dir, config, enabled=self.ctx.is_main)
+        resume_path = checkpoints.resolve(a.resume)
+        # read before anything is written: a checkpoint that cannot be used leaves no run folder behind
+        checkpoint = checkpoints.load(resume_path) if resume_path else None
         run_logger = RunLogger(self.run_dir, enabled=self.ctx.is_main, tensorboard=not a.no_tensorboard)
         if run_logger.tensorboard_note:  # requested but unavailable: said once, recorded as off
             self.say(run_logger.tensorboard_note)
             config["no_tensorboard"] = True
-        checkpoints = CheckpointManager(self.run_dir, config, enabled=self.ctx.is_main)
-        resume_path = checkpoints.resolve(a.resume)
-        checkpoint = checkpoints.load(resume_path) if resume_path else None
         if self.ctx.is_main:
             run_logger.write_json("config.json", {k: v for k, v in config.items() if k not in ("resume", "overwrite")})
 
@@ -634,7 +664,14 @@ class Recipe(RecipeCommandLine):
         before = None
         start_epoch = 1
         if checkpoint is not None:
-            restore_trainer(trainer, checkpoint)
+            try:
+                restore_trainer(trainer, checkpoint)
+            except (KeyError, RuntimeError, ValueError, TypeError) as err:  # e.g. another recipe's or backbone's model
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise ConfigError(f"--resume: checkpoint {resume_path} does not fit this run's model and optimisers "
+                                  f"({type(err).__name__}: {first[:200]}); it was written by another recipe or "
+                                  "backbone. Resume with the recipe and settings that wrote it, or start from "
+                                  "scratch.") from None
             start_epoch = int(checkpoint["epoch"]) + 1
             before = self._load_before()
             run_logger.truncate_after(int(checkpoint["epoch"]))
@@ -677,10 +714,14 @@ class Recipe(RecipeCommandLine):
                     plots = self.plots(*emb)
                 except (ImportError, ValueError) as err:  # e.g. too few points for the bins
                     self.say(f"[pml-hyperbolic] plots skipped: {err}")
+                except OSError as err:
+                    raise run_write_error(err.filename or self.run_dir, err, "plot") from None
                 try:
                     plots.update(self.retrieval_grid(*emb))
                 except (ImportError, ValueError) as err:
                     self.say(f"[pml-hyperbolic] retrieval grid skipped: {err}")
+                except OSError as err:
+                    raise run_write_error(err.filename or self.run_dir, err, "plot") from None
                 if plots:
                     self._timed("plots", started)
             results = {
@@ -704,6 +745,14 @@ class Recipe(RecipeCommandLine):
             checkpoint_paths = [p for p in (checkpoints.last_path, checkpoints.best_path) if os.path.isfile(p)]
             self.say(format_summary(results, a.k_values, results_path, checkpoint_paths,
                                     uncertainty_bins=self.reports_uncertainty))
+            stopped_early = (a.stop_after_epoch is not None and results["epochs_completed"] < a.epochs
+                             and not trainer.steps_exhausted())
+            if not stopped_early:  # complete: the run --overwrite replaced is no longer needed
+                try:
+                    discard_previous_run(self.run_dir)
+                except OSError as err:
+                    self.say(f"[pml-hyperbolic] could not delete the previous run's backup ({err.strerror or err}); "
+                             "delete it yourself")
         run_logger.close()
         barrier(self.ctx)
         return results
