@@ -325,8 +325,10 @@ class CheckpointManager:
                     if packed is None:  # serialised and digested once, written to last.pt (and best.pt)
                         packed = pack_with_digest(state)
                     atomic_torch_save(packed, path, packed=True)
-                except OSError as err:  # disk full, quota, permissions: one clear line, the old file survives
-                    raise ConfigError(f"cannot write checkpoint {path}: {err.strerror or err}. The previous "
+                except (OSError, RuntimeError) as err:  # one clear line; the old file survives
+                    # torch's zip writer reports a full disk as a RuntimeError ("unexpected pos ...")
+                    reason = (err.strerror or err) if isinstance(err, OSError) else f"{err} (disk full?)"
+                    raise ConfigError(f"cannot write checkpoint {path}: {reason}. The previous "
                                       f"checkpoint there is intact (--resume continues from epoch {epoch - 1}); "
                                       "free space or choose another --output-dir.") from err
 
