@@ -44,7 +44,10 @@ In float32, if more than 1/16 of all pairs are really close (a collapsed batch),
 is redone in float64 instead, which needs the fix only for near-duplicates. Two points both
 exactly at the origin give :math:`W = 0` exactly; points with :math:`0 < \|x\|^2` below
 ``_TINY_SQ_NORM`` (where float32 products underflow) are handled like extreme points. When ``x``
-is ``y`` the diagonal is set to exactly 0.
+is ``y`` the diagonal is set to exactly 0 and the result is exactly symmetric on every path: the
+general path (whose Gram product and per-pair test are not symmetric) mirrors its upper triangle
+by tiles, and an explicit pair's w is formed as :math:`c\,(1/a_i \cdot 1/a_j)\,s_{ij}`, the same
+bits for (i, j) and (j, i).
 
 Extreme points. :math:`1 - c\|x\|^2` is floored at ``DENOM_FLOOR`` = 2⁻⁶⁰ (only points on or
 outside the boundary reach it). Points with :math:`1 - c\|x\|^2` below ``_EXTREME_A`` (nearer the
@@ -275,7 +278,9 @@ def _explicit_w(x: Tensor, y: Tensor, rows: Tensor, cols: Tensor, inv_a: Tensor,
                 cf: float) -> Tensor:
     """Float64 w = c‖x_i − y_j‖²/(a_i b_j) of the listed pairs from explicit differences (w of a pair
     with a floored denominator can exceed float32's range)."""
-    return (cf * inv_a[rows] * inv_b[cols]) * _explicit_sq_diff(x, y, rows, cols).double()
+    # cf·(1/a_i · 1/b_j): the product of the two row terms first, so that (i, j) and (j, i) of
+    # (x, x) get the same bits
+    return (cf * (inv_a[rows] * inv_b[cols])) * _explicit_sq_diff(x, y, rows, cols).double()
 
 
 def _dist_from_w(w: Tensor, cf: float, dtype: torch.dtype) -> Tensor:
@@ -388,6 +393,20 @@ def _symmetrize_(E: Tensor, tile: int = 512) -> Tensor:
                 lower.add_(transposed(upper))  # lower + upperᵀ, whose transpose is the new upper
                 upper.copy_(transposed(lower))
     return E
+
+
+def _mirror_upper_tiled_(M: Tensor, tile: int = 512) -> Tensor:
+    """M's part above the diagonal copied below it, in place, by tiles (half a pass over M, no
+    N×N temporary): the general forward of (x, x) made exactly symmetric."""
+    n = M.shape[0]
+    below = torch.ones(min(n, tile), min(n, tile), dtype=torch.bool, device=M.device).tril_(-1)
+    for i in range(0, n, tile):
+        diag = M[i:i + tile, i:i + tile]
+        k = diag.shape[0]
+        diag.copy_(torch.where(below[:k, :k], diag.T, diag))
+        for j in range(i + tile, n, tile):
+            M[j:j + tile, i:i + tile].copy_(M[i:i + tile, j:j + tile].T)
+    return M
 
 
 def _mirror_upper_(M: Tensor) -> Tensor:
@@ -560,6 +579,8 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
     d = W
     if rows.numel():  # explicit pairs: D from their float64 w
         d[rows, cols] = _dist_from_w(w_close, cf, dtype)
+    if same:  # the Gram product and the per-pair closeness test are not symmetric: mirror
+        _mirror_upper_tiled_(d)
     return d, S, rows, cols, w_close, x2, inv_a, y2, inv_b, False, False
 
 

@@ -20,6 +20,12 @@ Every ``c=`` argument of the package accepts it (as well as a float, a 0-d tenso
 * learnable curvature: ``value = log c`` with the ``exp`` constraint, so c stays > 0 and an
   optimiser step changes c multiplicatively (scale-free).
 
+``value`` is a **float64** parameter (hypll creates float32): c = 0.1 rounded to float32 is off by
+1.5e-9, which 1 − c‖x‖² amplifies by up to 1/(1 − c‖x‖²) near the boundary. Module dtype casts
+(``model.float()``, ``model.half()``) keep it float64, except on a device without float64 (MPS),
+where it follows the cast. The curvature range is :data:`C_RANGE` (√c and 1/√c stay normal
+float32 numbers).
+
 **Entering the ball** (:meth:`PoincareGeometry.to_ball`): a Euclidean (tangent) vector v is clipped,
 mapped by :math:`\exp_0^c` and projected: :math:`\operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))`.
 
@@ -36,6 +42,7 @@ Design note: docs/design/geometry.md
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 from hypll.manifolds.poincare_ball import Curvature, PoincareBall
@@ -43,13 +50,32 @@ from torch import Tensor
 
 from . import poincare_ball as pb
 
-__all__ = ["PoincareGeometry", "DEFAULT_CURVATURE", "DEFAULT_CLIP_R", "CLIP_MODES", "clip_tangent"]
+__all__ = ["PoincareGeometry", "DEFAULT_CURVATURE", "DEFAULT_CLIP_R", "CLIP_MODES", "C_RANGE", "clip_tangent"]
 
 #: The package's one default curvature magnitude (Hyp-ViT's c = 0.1).
 DEFAULT_CURVATURE = 0.1
 #: The Hyp-ViT clip radius of the tangent vector.
 DEFAULT_CLIP_R = 2.3
 CLIP_MODES = ("hard", "tanh", None)
+#: Accepted curvature magnitudes (inclusive), as :data:`pml_hyperbolic.poincare_ball.C_RANGE`.
+C_RANGE = pb.C_RANGE
+
+
+def _check_clip_r(clip_r, clip) -> float | None:
+    """``clip_r`` as a float (None when ``clip`` is None); ValueError/TypeError naming ``clip_r``."""
+    if clip is None:
+        return None
+    if clip_r is None:
+        raise ValueError(f"clip_r must be a finite number > 0 when clip={clip!r}, got None "
+                         "(use clip=None for no clipping)")
+    if isinstance(clip_r, bool) or not isinstance(clip_r, Real):
+        if not (isinstance(clip_r, Tensor) and clip_r.numel() == 1 and clip_r.is_floating_point()):
+            raise TypeError(f"clip_r must be a real number, got {type(clip_r).__name__} {clip_r!r}")
+    value = float(clip_r)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"clip_r must be a finite number > 0 when clip={clip!r}, got {clip_r!r} "
+                         "(use clip=None for no clipping)")
+    return value
 
 
 def identity_constraint(value: Tensor) -> Tensor:
@@ -76,7 +102,9 @@ def clip_tangent(v: Tensor, clip_r: float | None, mode: str | None = "hard") -> 
     # to inf from ~1.8e19 on, and the factor r/inf = 0 sent such vectors to the origin.
     norm = pb._wide_norm(v, huge=True)
     if mode == "hard":
-        factor = torch.clamp(clip_r / norm.clamp_min(torch.finfo(norm.dtype).tiny), max=1.0)
+        # min(1, r/‖v‖) with both branches finite: no 0·inf in the gradient of a tiny vector
+        longer = norm > clip_r
+        factor = torch.where(longer, clip_r / torch.where(longer, norm, torch.ones_like(norm)), torch.ones_like(norm))
     else:
         u = norm / clip_r
         # tanh(u)/u → 1 as u → 0; the series keeps it exact (and differentiable) for tiny norms
@@ -90,15 +118,19 @@ class PoincareGeometry(PoincareBall):
     """The Poincaré ball of curvature −c with this package's head mapping (a hypll ``PoincareBall``).
 
     Args:
-        c: curvature magnitude, > 0 (float or 0-d tensor; default :data:`DEFAULT_CURVATURE`).
+        c: curvature magnitude in :data:`C_RANGE` (float or 0-d tensor; default
+            :data:`DEFAULT_CURVATURE`). Kept in float64.
         learnable_c: learn c (stored as log c through hypll's ``Curvature``; see the module text).
         clip: ``"hard"`` (the papers'), ``"tanh"`` (smooth, keeps the order of norms) or ``None``.
-        clip_r: clip radius r of the tangent vector (> 0; ignored when ``clip`` is None).
+        clip_r: clip radius r of the tangent vector (> 0; ignored when ``clip`` is None). Validated
+            again on assignment (``geometry.clip_r = ...``), since the similarity and the
+            uncertainty read it at use.
 
     Raises:
-        TypeError: ``c`` is already a ``PoincareGeometry`` (share that object instead).
-        ValueError: ``c`` is not a finite curvature > 0, ``clip`` is not one of :data:`CLIP_MODES`,
-            or ``clip_r`` is not a finite number > 0 while clipping.
+        TypeError: ``c`` is already a ``PoincareGeometry`` (share that object instead), or ``c`` /
+            ``clip_r`` is not a number.
+        ValueError: ``c`` is not a finite curvature in :data:`C_RANGE`, ``clip`` is not one of
+            :data:`CLIP_MODES`, or ``clip_r`` is not a finite number > 0 while clipping.
 
     hypll's own methods (``expmap``, ``dist``, … on ``ManifoldTensor`` objects) work unchanged on
     this object; :meth:`to_ball` and :meth:`curvature` are the plain-tensor entry points the
@@ -114,24 +146,74 @@ class PoincareGeometry(PoincareBall):
         value = float(pb.as_curvature(c, torch.float64).detach())  # ValueError naming c
         if clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
-        if clip is not None:
-            if clip_r is None or not (math.isfinite(float(clip_r)) and float(clip_r) > 0):
-                raise ValueError(f"clip_r must be a finite number > 0 when clip={clip!r}, got {clip_r!r} "
-                                 "(use clip=None for no clipping)")
-        if learnable_c:
-            curvature = Curvature(math.log(value), constraining_strategy=exp_constraint, requires_grad=True)
-        else:
-            curvature = Curvature(value, constraining_strategy=identity_constraint, requires_grad=False)
+        clip_r = _check_clip_r(clip_r, clip)
+        raw = math.log(value) if learnable_c else value
+        curvature = Curvature(raw, constraining_strategy=exp_constraint if learnable_c else identity_constraint,
+                              requires_grad=bool(learnable_c))
+        # hypll makes a float32 parameter: the raw value in float64 instead (see the module text)
+        curvature.value = torch.nn.Parameter(torch.tensor(raw, dtype=torch.float64),
+                                             requires_grad=bool(learnable_c))
         super().__init__(c=curvature)
-        self.clip = clip
-        self.clip_r = None if clip is None else float(clip_r)
+        self._clip = clip
+        self._clip_r = clip_r
         self.learnable_c = bool(learnable_c)
+
+    # ---- clipping settings (validated on assignment: read at use by other components) ----
+    @property
+    def clip(self) -> str | None:
+        """The clipping mode (one of :data:`CLIP_MODES`; ``None``: no clipping, and ``clip_r`` reads
+        None). Switching clipping on needs a clip radius."""
+        return self._clip
+
+    @clip.setter
+    def clip(self, mode: str | None) -> None:
+        if mode not in CLIP_MODES:
+            raise ValueError(f"clip must be one of {CLIP_MODES}, got {mode!r}")
+        if mode is not None and self._clip_r is None:
+            raise ValueError(f"clip={mode!r} needs a clip radius: set clip_r first")
+        self._clip = mode
+
+    @property
+    def clip_r(self) -> float | None:
+        """The clip radius, None exactly when ``clip`` is None. Assigning validates it: a finite
+        number > 0 (kept for later while clipping is off), or None only while ``clip`` is None."""
+        return None if self._clip is None else self._clip_r
+
+    @clip_r.setter
+    def clip_r(self, value: float | None) -> None:
+        if value is None and self._clip is None:
+            self._clip_r = None
+            return
+        self._clip_r = _check_clip_r(value, self._clip if self._clip is not None else "hard")
+
+    def __setstate__(self, state: dict) -> None:
+        # modules pickled whole before clip/clip_r became validated properties
+        for name in ("clip", "clip_r"):
+            if name in state:
+                state["_" + name] = state.pop(name)
+        super().__setstate__(state)
+
+    def _apply(self, fn, recurse: bool = True):
+        """Module casts keep the curvature's float64 (except on a device without float64)."""
+        def keep_float64(t: Tensor) -> Tensor:
+            if t.dtype != torch.float64:
+                return fn(t)
+            try:
+                out = fn(t)
+            except (TypeError, RuntimeError):  # a device without float64 (MPS)
+                return fn(t.float())
+            if out.is_floating_point() and out.dtype != torch.float64 and out.device.type != "mps":
+                out = t.to(out.device)  # a dtype cast: the float64 values (not the cast's rounding)
+            return out
+
+        return super()._apply(keep_float64, recurse)
 
     # ---- curvature ----
     def curvature(self, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> Tensor:
-        """The current c as a 0-d tensor (differentiable when learnable). Not re-validated: the
-        constraint keeps it positive, so no device-to-host read happens per call."""
+        """The current c as a 0-d tensor of ``dtype`` (differentiable when learnable), rounded once
+        from the float64 value. Not re-validated: the constraint keeps it positive, so no
+        device-to-host read happens per call."""
         c = self.c()
         return c.to(dtype=dtype, device=device if device is not None else c.device)
 
@@ -145,16 +227,41 @@ class PoincareGeometry(PoincareBall):
         return clip_tangent(v, self.clip_r, self.clip)
 
     def to_ball(self, v: Tensor) -> Tensor:
-        r""":math:`\operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))` for Euclidean vectors v (N, D).
+        r""":math:`\operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))` for Euclidean vectors v (…, D).
 
-        Half-precision input is computed in float32 (the ball breaks in fp16)."""
+        Half-precision input is computed in float32 (the ball breaks in fp16).
+
+        Args:
+            v: floating-point tangent vectors ("features").
+
+        Returns:
+            Ball points of v's dtype (float32 for half precision), strictly inside the ball.
+
+        Raises:
+            TypeError: ``v`` is not a floating-point tensor (the message names its dtype).
+            ValueError: ``v`` holds NaN or Inf, or lives on the meta device.
+        """
+        v = pb.check_tensor(v, "features")
+        pb.check_finite(v, "features")
         v = v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
-        c = self.curvature(v.dtype, v.device)
+        c = self.curvature(pb._wide_dtype(v), v.device)
         return pb.project(pb.expmap0(self.clip_tangent(v), c), c)
 
     def dist0(self, x: Tensor) -> Tensor:
-        """Geodesic distance of ball points to the origin (the Hyp-UML uncertainty's input)."""
-        return pb.dist0(x, self.curvature(pb.compute_dtype(x.dtype), x.device))
+        """Geodesic distance of ball points to the origin (the Hyp-UML uncertainty's input).
+
+        Points on or outside the boundary are projected first (:func:`~pml_hyperbolic.poincare_ball.project`,
+        as the distances do), so the result is finite for every finite input; points inside keep
+        their exact value.
+
+        Raises:
+            TypeError: ``x`` is not a floating-point tensor.
+            ValueError: ``x`` holds NaN or Inf, or lives on the meta device.
+        """
+        x = pb.check_tensor(x, "x")
+        pb.check_finite(x, "x")
+        c = self.curvature(pb._wide_dtype(x), x.device)
+        return pb.dist0(pb.project(x, c), c)
 
     def max_dist0(self) -> float:
         """Largest distance to the origin :meth:`to_ball` can produce (inf without clipping):

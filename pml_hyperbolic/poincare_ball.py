@@ -18,8 +18,13 @@ relative near the boundary), and 1 − c‖x‖² does not lose digits to a floa
 
 Points on or outside the ball are projected by :func:`project` in the public classes. The kernels
 themselves floor 1 − c‖x‖² at 2⁻⁶⁰ (``DENOM_FLOOR``; in float64 it acts exactly on points on or
-outside the boundary): such a point gets large finite distances, never NaN or negative, and it
-does not change any other pair (:func:`pairwise_dist` computes its pairs separately).
+outside the boundary): such a point gets large finite distances (as long as its squared norm is
+finite in its dtype), never NaN or negative, and it does not change any other pair
+(:func:`pairwise_dist` computes its pairs separately).
+
+Inputs must be floating-point tensors (:func:`check_tensor`: integer, boolean and complex tensors
+raise ``TypeError`` rather than being cast). These functions do not look for NaN/Inf values (a
+reduction per call): NaN in gives NaN out. The public classes check (:func:`check_finite`).
 
 Design note: docs/design/geometry.md
 """
@@ -37,9 +42,11 @@ from ._pairwise_dist import DENOM_FLOOR, poincare_pairwise_dist
 CurvatureLike = Union[float, Tensor, "torch.nn.Module"]
 
 __all__ = [
+    "C_RANGE",
     "as_curvature",
     "boundary_eps",
     "check_finite",
+    "check_tensor",
     "compute_dtype",
     "project",
     "expmap0",
@@ -60,6 +67,10 @@ __all__ = [
 # what trained heads produce) are never moved; the conformal factor there is ~5e4, still finite.
 _BOUNDARY_EPS = {torch.float32: 1e-5, torch.float64: 1e-10}
 
+#: Accepted curvature magnitudes c (inclusive). Why bounded: √c and 1/√c (the ball's radius) must
+#: stay normal float32 numbers, and outside this range every distance is 0 or inf in float32.
+C_RANGE = (1e-12, 1e12)
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernels compute in: float64 stays, everything else is float32."""
@@ -71,8 +82,43 @@ def boundary_eps(dtype: torch.dtype) -> float:
     return _BOUNDARY_EPS[compute_dtype(dtype)]
 
 
-def _upcast(x: Tensor) -> Tensor:
+def check_tensor(x, name: str = "embeddings") -> Tensor:
+    """Return ``x`` if it is a floating-point tensor on a real device.
+
+    Why: integer, boolean and complex tensors would be cast silently (or fail deep inside torch),
+    and the meta device has no values to compute with.
+
+    Args:
+        x: the input to check.
+        name: what ``x`` is, for the message.
+
+    Returns:
+        ``x`` unchanged.
+
+    Raises:
+        TypeError: ``x`` is not a ``torch.Tensor``, or its dtype is not floating point.
+        ValueError: ``x`` is on the meta device.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__module__}.{type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (no values): move it to a real device first")
+    return x
+
+
+def _upcast(x: Tensor, name: str = "x") -> Tensor:
+    check_tensor(x, name)
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def _check_range(value: float) -> None:
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"c (the curvature magnitude) must be finite and > 0, got {value}")
+    if not C_RANGE[0] <= value <= C_RANGE[1]:
+        raise ValueError(f"c (the curvature magnitude) must lie in [{C_RANGE[0]:g}, {C_RANGE[1]:g}] (the ball's "
+                         f"radius 1/sqrt(c) and sqrt(c) stay normal float32 numbers), got {value!r}")
 
 
 def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
@@ -88,7 +134,9 @@ def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
     device-to-host copy: the error then surfaces at the next synchronisation.
 
     Raises:
-        ValueError: if c is not finite or not strictly positive (the message names ``c``).
+        TypeError: c is of none of these types (a bool or a string included).
+        ValueError: c is not finite, not strictly positive or outside :data:`C_RANGE` (the message
+            names ``c``).
     """
     if getattr(c, "_is_pml_geometry", False):
         # a PoincareGeometry validated its curvature once at construction and its constraint keeps
@@ -118,8 +166,7 @@ def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
         raise TypeError(
             f"c must be a float, a 0-d tensor, or a hypll Curvature/PoincareBall, got {type(c).__name__}"
         )
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"c (the curvature magnitude) must be finite and > 0, got {value}")
+    _check_range(value)
     if tensor is None:
         tensor = torch.tensor(value, dtype=dtype, device=device)
     return tensor
@@ -192,23 +239,49 @@ def _denominator(c: Tensor, sq_norm: Tensor) -> Tensor:
     return (1 - c * sq_norm).clamp_min(DENOM_FLOOR)
 
 
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise TypeError(f"eps must be a real number in [0, 1), got {type(eps).__name__} {eps!r}")
+    if not 0.0 <= float(eps) < 1.0:
+        raise ValueError(f"eps must lie in [0, 1) (the relative margin to the boundary), got {eps!r}")
+    return float(eps)
+
+
 def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
     r"""Project onto the open ball: :math:`x \cdot \min(1, r_{max}/\|x\|)`,
     :math:`r_{max} = (1-\epsilon)/\sqrt{c}`.
 
-    ``eps`` defaults to :func:`boundary_eps` of the compute dtype (1e-5 for float32, 1e-10 for
-    float64). Points already inside keep their value (and an identity gradient).
+    Points already inside keep their value (and an identity gradient). The norm and the factor
+    are computed in float64 (scaled by the largest entry for float64 input), so a huge point goes
+    to the boundary margin in its own direction (a float32 norm overflows from ~1.8e19 on), and
+    the gradient is finite for every finite point, tiny ones included.
+
+    Args:
+        x: floating-point points (…, D).
+        c: the curvature (see :func:`as_curvature`).
+        eps: relative margin in [0, 1); default :func:`boundary_eps` of the compute dtype (1e-5
+            for float32, 1e-10 for float64).
+
+    Returns:
+        The projected points, of x's compute dtype.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor, or ``eps`` is not a number.
+        ValueError: ``eps`` is outside [0, 1), or ``c`` is invalid.
     """
     x = _upcast(x)
-    c = as_curvature(c, x.dtype, x.device)
-    eps = boundary_eps(x.dtype) if eps is None else eps
+    eps = boundary_eps(x.dtype) if eps is None else _check_eps(eps)
+    c = _c_wide(c, x)
     max_norm = (1.0 - eps) / c.sqrt()
-    norm = _safe_norm(x).clamp_min(torch.finfo(x.dtype).tiny)
+    norm = _wide_norm(x, huge=True)
     # A projected point's recomputed norm can round a few ulps above max_norm; the slack makes
     # project idempotent (project(project(x)) == project(x) bit for bit) and is far inside the ball.
     slack = 1.0 + 8.0 * torch.finfo(x.dtype).eps
-    scale = torch.where(norm > max_norm * slack, max_norm / norm, torch.ones_like(norm))
-    return x * scale
+    outside = norm > max_norm * slack
+    # both branches finite for every point (no 0·inf in the gradient of a tiny point)
+    safe_norm = torch.where(outside, norm, max_norm)
+    scale = torch.where(outside, max_norm / safe_norm, torch.ones_like(norm))
+    return x * scale.to(x.dtype)
 
 
 def expmap0(v: Tensor, c: CurvatureLike) -> Tensor:
@@ -255,10 +328,15 @@ def mobius_add(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
 
 
 def conformal_factor(x: Tensor, c: CurvatureLike, keepdim: bool = False) -> Tensor:
-    r"""Conformal factor :math:`\lambda^c_x = 2 / (1 - c\|x\|^2)` (metric = λ² × Euclidean)."""
+    r"""Conformal factor :math:`\lambda^c_x = 2 / (1 - c\|x\|^2)` (metric = λ² × Euclidean).
+
+    :math:`1 - c\|x\|^2` is computed in float64 (then the result cast to x's dtype): in float32
+    it loses digits near the boundary."""
     x = _upcast(x)
-    c = as_curvature(c, x.dtype, x.device)
-    return 2.0 / (1.0 - c * _sq_norm(x, keepdim=keepdim)).clamp_min(torch.finfo(x.dtype).tiny)
+    xw = x.to(_wide_dtype(x))
+    c = as_curvature(c, xw.dtype, x.device)
+    den = (1.0 - c * _sq_norm(xw, keepdim=keepdim)).clamp_min(torch.finfo(x.dtype).tiny)
+    return (2.0 / den).to(x.dtype)
 
 
 def _asinh_dist(sq_diff: Tensor, x2: Tensor, y2: Tensor, c: Tensor) -> Tensor:
@@ -327,12 +405,17 @@ def to_lorentz(x: Tensor, c: CurvatureLike) -> Tensor:
 
     .. math:: X = \left(\frac{1 + c\|x\|^2}{\sqrt{c}\,(1 - c\|x\|^2)},\;
               \frac{2x}{1 - c\|x\|^2}\right).
+
+    Computed in float64 and cast to x's dtype (:math:`1 - c\|x\|^2` in float32 loses digits near
+    the boundary). :math:`1 - c\|x\|^2` is floored at ``DENOM_FLOOR`` as in :func:`dist` (it only
+    acts on points on or outside the boundary, which have no lift: they get a large finite one).
     """
     x = _upcast(x)
-    c = as_curvature(c, x.dtype, x.device)
-    cx2 = c * _sq_norm(x)
-    den = (1 - cx2).clamp_min(torch.finfo(x.dtype).tiny)
-    return torch.cat([(1 + cx2) / (c.sqrt() * den), 2 * x / den], dim=-1)
+    xw = x.to(_wide_dtype(x))
+    c = as_curvature(c, xw.dtype, x.device)
+    cx2 = c * _sq_norm(xw)
+    den = (1 - cx2).clamp_min(DENOM_FLOOR)
+    return torch.cat([(1 + cx2) / (c.sqrt() * den), 2 * xw / den], dim=-1).to(x.dtype)
 
 
 def from_lorentz(X: Tensor, c: CurvatureLike) -> Tensor:

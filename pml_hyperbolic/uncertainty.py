@@ -31,7 +31,9 @@ Design note: docs/design/uncertainty.md
 """
 from __future__ import annotations
 
+import math
 import warnings
+from numbers import Real
 
 import torch
 
@@ -41,6 +43,7 @@ __all__ = ["hyperbolic_uncertainty", "uncertainty_ratio_log", "UNCERTAINTY_MODES
 
 UNCERTAINTY_MODES = ("clip", "ball", "batch", "literal")
 DEFAULT_MODE = "clip"
+_F32 = torch.finfo(torch.float32)
 
 
 def _check_mode(mode):
@@ -70,21 +73,34 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | t
 
     Returns:
         (N,) tensor in the compute dtype (float32 for half inputs); larger = more uncertain.
+
+    Raises:
+        TypeError: ``embeddings`` is not a floating-point tensor, or ``clip_r`` not a number
+            (``"clip"`` mode).
+        ValueError: an unknown ``mode``, embeddings that are not 2-D or hold NaN/Inf, an invalid
+            ``c``, or a ``clip_r`` whose 2·clip_r is not a normal float32 number (``"clip"`` mode).
     """
     mode = _check_mode(mode)
+    pb.check_tensor(embeddings, "embeddings")
     if embeddings.ndim != 2:
         raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}")
     if clip_r is None:
         clip_r = getattr(c, "clip_r", None) if getattr(c, "_is_pml_geometry", False) else None
         clip_r = 2.3 if clip_r is None else clip_r
-    if mode == "clip" and not float(clip_r) > 0:
-        raise ValueError(f"clip_r must be > 0 for mode='clip', got {clip_r!r}")
+    if mode == "clip":
+        if isinstance(clip_r, bool) or not isinstance(clip_r, Real):
+            raise TypeError(f"clip_r must be a real number > 0, got {type(clip_r).__name__} {clip_r!r}")
+        # 2r and 1/(2r) must be finite normal float32 numbers (U = 1 − d₀/(2r) in float32)
+        if not (_F32.tiny <= 2.0 * float(clip_r) <= _F32.max):
+            raise ValueError(f"clip_r must be a finite number > 0 for mode='clip' (2·clip_r in "
+                             f"[{_F32.tiny:.3g}, {_F32.max:.3g}]), got {clip_r!r}")
     pb.check_finite(embeddings, "embeddings")
     x = embeddings.detach() if detach else embeddings
-    c_t = pb.as_curvature(c, pb.compute_dtype(x.dtype), x.device)
+    # c in float64 (the kernels' scalar dtype): not rounded to float32 on the way
+    c_t = pb.as_curvature(c, pb._wide_dtype(x), x.device)
     x = pb.project(x, c_t)
     if mode == "ball":
-        return 1 - c_t.sqrt() * torch.linalg.vector_norm(x, dim=-1)
+        return (1 - c_t.sqrt() * torch.linalg.vector_norm(x.to(c_t.dtype), dim=-1)).to(x.dtype)
     d0 = pb.dist0(x, c_t)
     if mode == "clip":
         u = (1 - d0 / (2 * float(clip_r))).clamp(0.0, 1.0)

@@ -225,3 +225,132 @@ def test_tensor_curvature_on_an_accelerator_is_checked_without_reading_it_back()
     assert c.device.type == "meta" and c.shape == ()
     with pytest.raises(ValueError, match="c .*finite and > 0"):
         pb.as_curvature(torch.tensor(-0.1))  # on the CPU the value is read and checked at once
+
+
+# ---- the curvature is kept in float64 ----
+
+def _mp_dist0(r_scaled: float, c: str = "0.1") -> float:
+    """2/√c · artanh(√c‖x‖) in 50-digit arithmetic, ‖x‖ given as √c‖x‖ / √c rounded as float64."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    cm = mpmath.mpf(c)
+    return float(2 / mpmath.sqrt(cm) * mpmath.atanh(mpmath.sqrt(cm) * mpmath.mpf(r_scaled)))
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+def test_curvature_is_float64_and_still_a_hypll_curvature(learnable):
+    geometry = PoincareGeometry(c=0.1, learnable_c=learnable)
+    assert isinstance(geometry.c, Curvature) and isinstance(geometry, PoincareBall)
+    assert geometry.c.value.dtype == torch.float64
+    assert geometry.c.value.requires_grad is learnable
+    assert abs(float(geometry.c().detach()) - 0.1) < 1e-16
+    assert geometry.curvature(torch.float32) == torch.tensor(0.1, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("learnable", [False, True])
+@pytest.mark.parametrize("one_minus", [1e-4, 1e-6, 1e-9])
+def test_geometry_curvature_distances_match_mpmath_near_the_boundary(learnable, one_minus):
+    """A geometry's c is not rounded to float32 on the way to the float64 kernels: the distance to the
+    origin at √c‖x‖ = 1 − ε matches 50-digit arithmetic to its float64 conditioning, ~ε⁻¹·1e-16."""
+    geometry = PoincareGeometry(c=0.1, learnable_c=learnable)
+    r = (1 - one_minus) / math.sqrt(0.1)
+    x = torch.tensor([[r, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    ref = _mp_dist0(r)
+    tol = 1e-15 / one_minus * 10
+    d = PoincareDistance(c=geometry, project=False)(x)[0, 1].item()
+    assert abs(d - ref) <= tol * ref
+    assert abs(geometry.dist0(x)[0].item() - ref) <= tol * ref
+    # the float c = 0.1 and the geometry give the same bits (fixed c)
+    if not learnable:
+        assert d == PoincareDistance(c=0.1, project=False)(x)[0, 1].item()
+
+
+def test_module_casts_keep_the_curvature_float64():
+    geometry = PoincareGeometry(c=0.1)
+    head = HyperbolicEmbeddingHead(8, 4, c=geometry)
+    head.half()
+    assert geometry.c.value.dtype == torch.float64 and head.linear.weight.dtype == torch.float16
+    head.float()
+    assert geometry.c.value.dtype == torch.float64 and float(geometry.c()) == 0.1
+
+
+def test_learnable_float64_curvature_trains_and_round_trips_a_state_dict():
+    geometry = PoincareGeometry(c=0.1, learnable_c=True)
+    opt = torch.optim.SGD(geometry.parameters(), lr=0.1)
+    x = torch.tensor([[1.0, 0.5], [-0.3, 0.2]])
+    pb.pairwise_dist(x, x, geometry).sum().backward()
+    assert geometry.c.value.grad is not None and torch.isfinite(geometry.c.value.grad)
+    opt.step()
+    assert float(geometry.c().detach()) != pytest.approx(0.1, abs=1e-9)
+    other = PoincareGeometry(c=0.3, learnable_c=True)
+    other.load_state_dict(geometry.state_dict())
+    assert other.c.value.dtype == torch.float64 and float(other.c().detach()) == float(geometry.c().detach())
+
+
+# ---- validation: curvature range, clip radius on assignment, features ----
+
+@pytest.mark.parametrize("c", [1e-300, 1e-13, 1e13, 1e300])
+def test_curvature_outside_the_documented_range_is_rejected_naming_c(c):
+    with pytest.raises(ValueError, match=r"c \(the curvature magnitude\) must lie in"):
+        PoincareGeometry(c=c)
+    PoincareGeometry(c=1e-12), PoincareGeometry(c=1e12)  # the range's ends are accepted
+
+
+def test_clip_r_is_validated_on_assignment():
+    geometry = PoincareGeometry()
+    for bad in (None, 0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="clip_r"):
+            geometry.clip_r = bad
+    for bad in ("2.3", True):
+        with pytest.raises(TypeError, match="clip_r"):
+            geometry.clip_r = bad
+    assert geometry.clip_r == DEFAULT_CLIP_R
+    geometry.clip_r = 4.0
+    assert geometry.max_dist0() == 8.0
+    geometry.clip = None  # clipping off: no radius reads through, the one set is kept
+    assert geometry.clip_r is None and geometry.max_dist0() == math.inf
+    geometry.clip = "tanh"
+    assert geometry.clip_r == 4.0
+    geometry.clip = None
+    geometry.clip_r = None  # allowed without clipping
+    with pytest.raises(ValueError, match="clip_r"):
+        geometry.clip = "hard"
+    unclipped = PoincareGeometry(clip=None)
+    with pytest.raises(ValueError, match="clip_r"):
+        unclipped.clip = "hard"
+    with pytest.raises(ValueError, match="clip must be one of"):
+        unclipped.clip = "soft"
+
+
+def test_old_pickles_with_plain_clip_attributes_still_load():
+    geometry = PoincareGeometry(clip_r=3.0)
+    state = dict(geometry.__dict__)
+    state["clip"], state["clip_r"] = state.pop("_clip"), state.pop("_clip_r")
+    restored = PoincareGeometry.__new__(PoincareGeometry)
+    restored.__setstate__(state)
+    assert restored.clip == "hard" and restored.clip_r == 3.0
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_to_ball_names_the_dtype_of_non_float_features(dtype):
+    with pytest.raises(TypeError, match=f"features must be a floating-point tensor, got dtype {dtype}"):
+        PoincareGeometry().to_ball(torch.ones(2, 3).to(dtype))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_to_ball_and_dist0_reject_non_finite_values_naming_the_argument(value):
+    geometry = PoincareGeometry()
+    v = torch.tensor([[value, 1.0], [0.5, 0.5]])
+    with pytest.raises(ValueError, match="features contains 1 NaN/Inf"):
+        geometry.to_ball(v)
+    with pytest.raises(ValueError, match="x contains 1 NaN/Inf"):
+        geometry.dist0(v)
+
+
+@pytest.mark.parametrize("clip", ["hard", "tanh", None])
+@pytest.mark.parametrize("dtype, tiny", [(torch.float32, 1e-20), (torch.float64, 1e-160), (torch.float64, 1e-300)])
+def test_to_ball_gradient_is_finite_for_tiny_features(clip, dtype, tiny):
+    v = torch.tensor([[tiny, 0.0, -tiny], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0]], dtype=dtype, requires_grad=True)
+    PoincareGeometry(clip=clip, clip_r=None if clip is None else 2.3).to_ball(v).sum().backward()
+    assert torch.isfinite(v.grad).all()

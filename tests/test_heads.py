@@ -163,3 +163,55 @@ def test_unset_sentinel_is_one_picklable_object():
     head = ToPoincare()
     assert head.clip_r == pytest.approx(2.3) and head.geometry.clip == "hard"
     assert not head.geometry.learnable_c
+
+
+# ---- argument and input validation ----
+
+@pytest.mark.parametrize("clip_r, error", [("abc", TypeError), ("2.3", TypeError), (True, TypeError),
+                                           (0.0, ValueError), (-1.0, ValueError), (math.nan, ValueError),
+                                           (math.inf, ValueError)])
+def test_to_poincare_clip_r_must_be_a_positive_finite_number(clip_r, error):
+    with pytest.raises(error, match="clip_r"):
+        ToPoincare(clip_r=clip_r)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(in_features=0), ValueError, "in_features"),
+    (dict(in_features=8, out_features=0), ValueError, "out_features"),
+    (dict(in_features=-3), ValueError, "in_features"),
+    (dict(in_features=8.0), TypeError, "in_features"),
+    (dict(in_features=True), TypeError, "in_features"),
+    (dict(in_features=8, out_features="4"), TypeError, "out_features"),
+    (dict(in_features=8, radial_hidden=0), ValueError, "radial_hidden"),
+    (dict(in_features=8, radial_init_logit=math.nan), ValueError, "radial_init_logit"),
+    (dict(in_features=8, radial_init_logit=math.inf), ValueError, "radial_init_logit"),
+    (dict(in_features=8, radial_init_logit="0"), TypeError, "radial_init_logit"),
+])
+def test_head_arguments_are_validated_naming_them(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        HyperbolicEmbeddingHead(**kwargs)
+    if "radial" not in name:
+        with pytest.raises(error, match=name):
+            SphericalEmbeddingHead(**{k: v for k, v in kwargs.items() if not k.startswith("radial")})
+
+
+@pytest.mark.parametrize("head_cls", [HyperbolicEmbeddingHead, SphericalEmbeddingHead])
+def test_head_input_errors_name_the_expected_and_given_shape_and_dtype(head_cls):
+    head = head_cls(8, 4)
+    with pytest.raises(ValueError, match=r"expects input of shape \(\.\.\., 8\).*got \(2, 7\)"):
+        head(torch.zeros(2, 7))
+    with pytest.raises(TypeError, match="dtype torch.float32, got input of dtype torch.float64"):
+        head(torch.zeros(2, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="floating-point tensor, got dtype torch.int64"):
+        head(torch.zeros(2, 8, dtype=torch.int64))
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        head([[0.0] * 8])
+    with pytest.raises(ValueError, match="meta device"):
+        head(torch.zeros(2, 8, device="meta"))
+
+
+def test_head_under_autocast_still_takes_the_autocast_dtype():
+    head = HyperbolicEmbeddingHead(8, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = head(torch.randn(3, 8).bfloat16())
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()

@@ -266,3 +266,37 @@ def test_large_self_gradient_matches_the_general_path():
     b, c = x.clone().requires_grad_(), x.clone().requires_grad_()
     (pb.pairwise_dist(b, c, 0.5) * w).sum().backward()
     torch.testing.assert_close(a.grad, b.grad + c.grad, rtol=1e-10, atol=1e-10)
+
+
+# ---- (x, x) is exactly symmetric on every path ----
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 24), dim=st.integers(1, 6), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       special=st.sampled_from(["none", "boundary", "tiny", "duplicates", "collapsed", "origin"]),
+       native=st.sampled_from(["1", "0"]))
+def test_self_distances_are_bit_symmetric_on_every_path(monkeypatch, n, dim, seed, dtype, special, native):
+    """Near-boundary and tiny points send (x, x) off the native symmetric path (extreme points);
+    ``PML_HYPERBOLIC_NATIVE=0`` takes the general path; a collapsed float32 batch the float64 redo.
+    Every one of them returns D == Dᵀ bit for bit, with a zero diagonal."""
+    monkeypatch.setenv("PML_HYPERBOLIC_NATIVE", native)
+    c = 0.1
+    x = ball_points(n, dim, c, seed, rmax=0.999)
+    if special == "boundary":
+        x[0] = x[0] / x[0].norm() * (1 - 1e-9) / math.sqrt(c)
+    elif special == "tiny":
+        x[n // 2] = x[n // 2] * (1e-17 if dtype == torch.float32 else 1e-150)
+    elif special == "duplicates":
+        x[1:] = x[0] + 1e-4 * x[1:]
+    elif special == "collapsed":
+        x[:] = x[0] + 1e-6 * torch.randn(n, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    elif special == "origin":
+        x[: n // 2] = 0
+    x = x.to(dtype)
+    d = pb.pairwise_dist(x, x, c)
+    assert torch.equal(d, d.T)
+    assert torch.all(d.diagonal() == 0)

@@ -340,3 +340,95 @@ def test_gradients_finite_at_origin_and_boundary():
     edge = pb.project(torch.randn(3, 4) * 10, 1.0).requires_grad_()
     (pb.dist0(edge, c).sum() + pb.logmap0(edge, c).sum() + pb.dist(edge, edge.flip(0), c).sum()).backward()
     assert torch.isfinite(edge.grad).all() and torch.isfinite(c.grad)
+
+
+# ---- project: huge and tiny points, eps; float32 lifts against mpmath ----
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 1e20), (torch.float32, 3e38), (torch.float64, 1e200)])
+def test_project_puts_huge_points_on_the_margin_in_their_own_direction(dtype, big):
+    c = 0.1
+    x = torch.tensor([[big, 0.0, 0.0], [0.0, -big, big]], dtype=dtype)
+    out = pb.project(x, c)
+    r_max = (1 - pb.boundary_eps(dtype)) / math.sqrt(c)
+    norms = out.double().norm(dim=1)
+    assert torch.allclose(norms, torch.full_like(norms, r_max), rtol=1e-6, atol=0)
+    direction = out.double() / norms[:, None]
+    expected = torch.tensor([[1.0, 0, 0], [0, -1 / math.sqrt(2), 1 / math.sqrt(2)]], dtype=torch.float64)
+    assert torch.allclose(direction, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, tiny", [(torch.float32, 1e-20), (torch.float32, 1e-30),
+                                         (torch.float64, 1e-160), (torch.float64, 1e-300)])
+def test_project_gradient_is_finite_for_tiny_points(dtype, tiny):
+    x = torch.tensor([[tiny, 0.0, -tiny], [0.0, 0.0, 0.0]], dtype=dtype, requires_grad=True)
+    pb.project(x, 0.1).sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))  # inside: the identity
+
+
+def test_project_gradient_outside_the_ball_is_finite():
+    x = torch.tensor([[1e20, 0.0], [3.0, 4.0]], requires_grad=True)
+    pb.project(x, 0.1).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("eps", [-1.0, 1.0, 2.0, math.nan, math.inf])
+def test_project_rejects_eps_outside_0_1(eps):
+    with pytest.raises(ValueError, match=r"eps must lie in \[0, 1\)"):
+        pb.project(torch.ones(2, 3), 0.1, eps=eps)
+    with pytest.raises(TypeError, match="eps"):
+        pb.project(torch.ones(2, 3), 0.1, eps="0.1")
+
+
+def _mp_lift(x64: torch.Tensor, c: str):
+    import mpmath
+
+    mpmath.mp.dps = 50
+    cm = mpmath.mpf(c)
+    n2 = sum(mpmath.mpf(float(v)) ** 2 for v in x64)
+    den = 1 - cm * n2
+    return float((1 + cm * n2) / (mpmath.sqrt(cm) * den)), float(2 / den)
+
+
+@pytest.mark.parametrize("one_minus", [1e-3, 2e-5, 1e-6])
+def test_float32_lorentz_lift_and_conformal_factor_match_mpmath(one_minus):
+    """1 − c‖x‖² is formed in float64 from the float32 coordinates: X₀ and λ are within float32
+    rounding (a float32 1 − c‖x‖² was off by 1.5e-3 relative at 1 − 2e-5)."""
+    c = 0.1
+    x = (torch.tensor([[3.0, -4.0, 0.0]], dtype=torch.float64) / 5 * (1 - one_minus) / math.sqrt(c)).float()
+    x0_ref, lam_ref = _mp_lift(x[0], "0.1")
+    X = pb.to_lorentz(x, c)
+    assert X.dtype == torch.float32
+    assert abs(X[0, 0].item() - x0_ref) <= 1e-6 * x0_ref
+    lam = pb.conformal_factor(x, c)
+    assert lam.dtype == torch.float32 and abs(lam.item() - lam_ref) <= 1e-6 * lam_ref
+
+
+def test_float32_lorentz_distance_near_the_boundary_matches_float64():
+    c = 0.1
+    x = torch.tensor([[(1 - 1e-7) / math.sqrt(c), 0.0, 0.0]], dtype=torch.float64).float()
+    y = torch.tensor([[0.0, 0.3, 0.0]])
+    ld = pb.lorentz_dist(pb.to_lorentz(x, c), pb.to_lorentz(y, c), c)
+    ref = pb.dist(x.double(), y.double(), c)
+    assert abs(ld.item() - ref.item()) <= 1e-5 * ref.item()
+
+
+@pytest.mark.parametrize("fn", ["dist", "dist0", "project", "expmap0", "to_lorentz", "pairwise_dist"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_non_float_inputs_are_rejected_naming_the_dtype(fn, dtype):
+    x = torch.ones(2, 3).to(dtype)
+    args = {"dist": (x, x), "pairwise_dist": (x, x)}.get(fn, (x,))
+    with pytest.raises(TypeError, match=f"floating-point tensor, got dtype {dtype}"):
+        getattr(pb, fn)(*args, 0.1)
+
+
+def test_non_tensor_and_meta_inputs_are_rejected():
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        pb.dist0([[0.1, 0.2]], 0.1)
+    with pytest.raises(ValueError, match="meta device"):
+        pb.dist0(torch.ones(2, 3, device="meta"), 0.1)
+
+
+@pytest.mark.parametrize("c", [1e-13, 1e13, 1e-300, 1e300])
+def test_curvature_outside_the_range_is_rejected(c):
+    with pytest.raises(ValueError, match="must lie in"):
+        pb.as_curvature(c)

@@ -120,3 +120,67 @@ def test_gradcheck_through_distance():
     dist = PoincareDistance(c=1.0)
     assert torch.autograd.gradcheck(lambda a, b: dist(a, b), (x, y))
     assert torch.autograd.gradcheck(lambda a: dist(a), (x,))
+
+
+# ---- precision of c, huge points, input types ----
+
+def _mp_pair(x: torch.Tensor, y: torch.Tensor, c: str = "0.1") -> float:
+    import mpmath
+
+    mpmath.mp.dps = 50
+    cm = mpmath.mpf(c)
+    xs = [mpmath.mpf(float(v)) for v in x]
+    ys = [mpmath.mpf(float(v)) for v in y]
+    s = sum((a - b) ** 2 for a, b in zip(xs, ys))
+    a = 1 - cm * sum(v * v for v in xs)
+    b = 1 - cm * sum(v * v for v in ys)
+    return float(2 / mpmath.sqrt(cm) * mpmath.asinh(mpmath.sqrt(cm * s / (a * b))))
+
+
+@pytest.mark.parametrize("one_minus", [1e-3, 2e-5])
+@pytest.mark.parametrize("geometry", [False, True])
+def test_float32_input_uses_the_float64_curvature(one_minus, geometry):
+    """A float c (or a geometry's) reaches the kernels unrounded for float32 input: as accurate as
+    ``pb.pairwise_dist`` (a float32 c cost 1e-6 relative at 0.999 and 3.4e-5 at 0.99998)."""
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    c = PoincareGeometry(c=0.1) if geometry else 0.1
+    x = torch.tensor([[(1 - one_minus) / math.sqrt(0.1), 0.0, 0.0], [0.0, -0.5, 0.0]], dtype=torch.float64).float()
+    ref = _mp_pair(x[0], x[1])
+    distance = PoincareDistance(c=c, project=False)
+    assert abs(distance(x)[0, 1].item() - ref) <= 2e-7 * ref
+    assert abs(distance.pairwise_distance(x[:1], x[1:])[0].item() - ref) <= 2e-7 * ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_point_is_projected_onto_the_boundary_not_the_origin(dtype):
+    x = torch.tensor([[1e20, 0, 0, 0], [3.0, 0, 0, 0]], dtype=dtype)
+    d = PoincareDistance()(x)[0, 1].item()
+    edge = pb.project(torch.tensor([[10.0, 0, 0, 0]], dtype=dtype), 0.1)
+    expected = pb.dist(edge, x[1:], 0.1).item()
+    assert d == pytest.approx(expected, rel=1e-5) and d > 20  # the origin would give 11.5
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64])
+def test_non_float_embeddings_are_rejected_naming_the_dtype(dtype):
+    x = torch.ones(3, 4).to(dtype)
+    with pytest.raises(TypeError, match=f"query_emb must be a floating-point tensor, got dtype {dtype}"):
+        PoincareDistance()(x)
+    with pytest.raises(TypeError, match=f"ref_emb must be a floating-point tensor, got dtype {dtype}"):
+        PoincareDistance()(torch.zeros(3, 4), x)
+    with pytest.raises(TypeError, match="floating-point"):
+        PoincareDistance().compute_mat(x, x)
+
+
+@pytest.mark.parametrize("emb", [[[0.1, 0.2]], ((0.1, 0.2),), "ab"])
+def test_non_tensor_embeddings_are_rejected(emb):
+    import numpy as np
+
+    for value in (emb, np.asarray([[0.1, 0.2]])):
+        with pytest.raises(TypeError, match="expected a torch.Tensor"):
+            PoincareDistance()(value)
+
+
+def test_meta_embeddings_are_rejected():
+    with pytest.raises(ValueError, match="meta device"):
+        PoincareDistance()(torch.zeros(3, 4, device="meta"))

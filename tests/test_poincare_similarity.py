@@ -138,3 +138,46 @@ def test_non_finite_embeddings_raise():
 def test_agrees_with_pb_pairwise_dist_in_float32():
     x = ball_points(20, 8, 0.1, 10)
     torch.testing.assert_close(PoincareSimilarity(c=0.1, scale=4.6)(x), 1 - pb.pairwise_dist(x, x, 0.1) / 4.6)
+
+
+# ---- the scale and the [-1, 1] contract ----
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-39, 0.0, -1.0, math.inf, math.nan, 1e39])
+def test_scales_whose_inverse_overflows_float32_are_rejected(scale):
+    with pytest.raises(ValueError, match="scale must be"):
+        PoincareSimilarity(c=0.1, scale=scale)
+
+
+def test_switching_the_geometry_clipping_off_is_an_error_at_use_not_all_ones():
+    geometry = PoincareGeometry()
+    similarity = PoincareSimilarity(c=geometry)
+    x = ball_points(6, 4, 0.1, 0)
+    similarity(x)
+    with pytest.raises(ValueError, match="clip_r"):
+        geometry.clip_r = None
+    geometry.clip = None
+    with pytest.raises(ValueError, match="scale"):
+        similarity(x)
+    geometry.clip_r = 1e-300  # a radius whose T = 2r has no float32 inverse
+    geometry.clip = "hard"
+    with pytest.raises(ValueError, match="scale"):
+        similarity(x)
+
+
+@pytest.mark.parametrize("c, clip_r", [(3.0, 2.3), (1.0, 4.0), (0.1, 2.3)])
+def test_float32_similarity_stays_in_minus_one_one_with_the_gradient_of_the_affine_map(c, clip_r):
+    """Antipodal points at the clip radius: 1 − d/T rounds below −1 in float32; the similarity is
+    clamped to [−1, 1] and its gradient is still that of 1 − d/T."""
+    geometry = PoincareGeometry(c=c, clip_r=clip_r)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(64, 16, generator=g)
+    v = torch.cat([v, -v]) * 100  # far beyond the clip: every point on the clip sphere
+    x = geometry.to_ball(v).detach().requires_grad_()
+    similarity = PoincareSimilarity(c=geometry)
+    s = similarity(x)
+    assert s.min() >= -1.0 and s.max() <= 1.0
+    assert (s == -1.0).any()
+    s.sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    (1.0 - PoincareDistance(c=geometry)(x_ref) / geometry.max_dist0()).sum().backward()
+    assert torch.equal(x.grad, x_ref.grad)

@@ -177,3 +177,28 @@ def test_non_finite_inputs_raise_instead_of_passing_through(bad):
         HypMixLoss()(feats, torch.tensor([0, 0, 1, 1, 2, 2]))
     with pytest.raises(ValueError, match="NaN/Inf"):
         ToPoincare(c=0.1)(feats)
+
+
+def test_bad_embeddings_and_clip_r_are_rejected_naming_them():
+    import numpy as np
+
+    from pml_hyperbolic.uncertainty import hyperbolic_uncertainty
+
+    with pytest.raises(TypeError, match="embeddings: expected a torch.Tensor"):
+        hyperbolic_uncertainty(np.zeros((3, 2)), 0.1)
+    with pytest.raises(TypeError, match="embeddings must be a floating-point tensor"):
+        hyperbolic_uncertainty(torch.zeros(3, 2, dtype=torch.int64), 0.1)
+    for bad, error in (("2.3", TypeError), (True, TypeError), (math.inf, ValueError), (0.0, ValueError)):
+        with pytest.raises(error, match="clip_r"):
+            hyperbolic_uncertainty(torch.zeros(3, 2), 0.1, clip_r=bad)
+
+
+def test_float32_uncertainty_reads_the_curvature_in_float64():
+    """U's distance to the origin near the boundary uses the unrounded c = 0.1 (as float64 does)."""
+    from pml_hyperbolic.uncertainty import hyperbolic_uncertainty
+
+    x32 = torch.tensor([[(1 - 2e-5) / math.sqrt(0.1), 0.0]], dtype=torch.float64).float()
+    u32 = hyperbolic_uncertainty(x32, 0.1, mode="clip", clip_r=100.0)
+    u64 = hyperbolic_uncertainty(x32.double(), 0.1, mode="clip", clip_r=100.0)
+    assert u32.dtype == torch.float32
+    assert abs(u32.item() - u64.item()) <= 2e-7

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Real
 
 import torch
 import torch.nn.functional as F
@@ -11,10 +12,19 @@ from pytorch_metric_learning.distances import BaseDistance
 from .. import poincare_ball as pb
 
 
+#: Accepted range of the temperatures, the clip radius and λ (λ may also be 0): the logits
+#: d/τ and λ·d stay finite in float32.
+SCALAR_RANGE = (1e-12, 1e12)
+
+
 def _positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number > 0, got {type(value).__name__} {value!r}")
     v = float(value)
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
+    if not SCALAR_RANGE[0] <= v <= SCALAR_RANGE[1]:
+        raise ValueError(f"{name} must lie in [{SCALAR_RANGE[0]:g}, {SCALAR_RANGE[1]:g}], got {value!r}")
     return v
 
 
@@ -125,6 +135,13 @@ class MixedGeometryDistance(BaseDistance):
             parameters in the optimiser.
         clip_r: the head's clip radius applied before expmap0 (None: no clipping).
 
+    Raises:
+        TypeError: ``lam``, ``tau_e``, ``tau_h`` or ``clip_r`` is not a number; at call time,
+            embeddings that are not a floating-point ``torch.Tensor``.
+        ValueError: an invalid curvature, a ``lam`` that is neither 0 nor in ``SCALAR_RANGE``
+            (1e-12 to 1e12), a ``tau`` or ``clip_r`` outside ``SCALAR_RANGE``; at call time,
+            embeddings holding NaN/Inf.
+
     Design note: docs/design/distances.md
     """
 
@@ -147,9 +164,13 @@ class MixedGeometryDistance(BaseDistance):
         if len(lams) != len(cs):
             raise ValueError(f"lam must be a float or have one entry per curvature ({len(cs)}), got {len(lams)}")
         for lk in lams:
+            if isinstance(lk, bool) or not isinstance(lk, Real):
+                raise TypeError(f"lam must be a real number >= 0 (or one per curvature), got {lam!r}")
             lk = float(lk)
             if not (lk >= 0 and math.isfinite(lk)):
                 raise ValueError(f"lam must be >= 0 and finite, got {lam!r}")
+            if lk > SCALAR_RANGE[1] or 0 < lk < SCALAR_RANGE[0]:
+                raise ValueError(f"lam must be 0 or lie in [{SCALAR_RANGE[0]:g}, {SCALAR_RANGE[1]:g}], got {lam!r}")
             if learnable_lambda and lk == 0:
                 raise ValueError("lam must be > 0 when learnable_lambda=True (λ = exp(ρ))")
         self.tau_e = _positive(tau_e, "tau_e")
@@ -205,7 +226,15 @@ class MixedGeometryDistance(BaseDistance):
         norm = torch.linalg.vector_norm(emb, dim=-1, keepdim=True)
         return emb / norm.clamp_min(1e-12), bool((norm > 1e-12).all())
 
+    def forward(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None = None):
+        pb.check_tensor(query_emb, "query_emb")
+        if ref_emb is not None:
+            pb.check_tensor(ref_emb, "ref_emb")
+        return super().forward(query_emb, ref_emb)
+
     def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
+        pb.check_tensor(query_emb, "query_emb")
+        pb.check_tensor(ref_emb, "ref_emb")
         pb.check_finite(query_emb, "embeddings")
         if ref_emb is not query_emb:
             pb.check_finite(ref_emb, "ref_emb")
@@ -251,6 +280,8 @@ class MixedGeometryDistance(BaseDistance):
         return self._combine(cos_dist, hyp, uq.dtype)
 
     def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
+        pb.check_tensor(query_emb, "query_emb")
+        pb.check_tensor(ref_emb, "ref_emb")
         pb.check_finite(query_emb, "embeddings")  # a NaN loss is worse than an error
         pb.check_finite(ref_emb, "ref_emb")
         with torch.autocast(device_type=query_emb.device.type, enabled=False):

@@ -31,6 +31,16 @@ class PoincareDistance(BaseDistance):
             thus moved just inside rather than producing Inf/NaN.
         check_finite: raise ``ValueError`` if the embeddings hold NaN/Inf (costs one reduction).
 
+    Raises:
+        ValueError: ``is_inverted=True``, or an invalid ``c`` (see
+            :func:`~pml_hyperbolic.poincare_ball.as_curvature`). At call time: embeddings holding
+            NaN/Inf (with ``check_finite``) or on the meta device.
+        TypeError: at call time, embeddings that are not a ``torch.Tensor`` (or ``ManifoldTensor``)
+            or not floating point (integer, boolean and complex tensors are not cast silently).
+
+    The curvature is read in float64 for every input dtype (the kernels form the c-dependent terms
+    1 − c‖x‖² in float64), so a float ``c`` is never rounded to float32 on the way.
+
     ``is_inverted`` is False: smaller means more similar, like ``LpDistance``. Under autocast the
     distance is computed and returned in float32.
 
@@ -61,11 +71,12 @@ class PoincareDistance(BaseDistance):
         """The current curvature magnitude as a 0-d tensor (evaluates hypll's constraint)."""
         return pb.as_curvature(self._c)
 
-    def _unwrap(self, emb):
-        return unwrap_ball_tensor(emb, self._c, "PoincareDistance")
+    def _unwrap(self, emb, name: str = "embeddings"):
+        emb = unwrap_ball_tensor(emb, self._c, type(self).__name__)
+        return emb if emb is None else pb.check_tensor(emb, name)
 
     def forward(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None = None):
-        return super().forward(self._unwrap(query_emb), self._unwrap(ref_emb))
+        return super().forward(self._unwrap(query_emb, "query_emb"), self._unwrap(ref_emb, "ref_emb"))
 
     def _prepare(self, emb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         if self.check_finite:
@@ -73,17 +84,18 @@ class PoincareDistance(BaseDistance):
         return pb.project(emb, c) if self.use_projection else emb
 
     def _curvature_for(self, emb: torch.Tensor) -> torch.Tensor:
-        return pb.as_curvature(self._c, pb.compute_dtype(emb.dtype), emb.device)
+        # float64 (the kernels' scalar dtype) whatever the embeddings' dtype: c is not rounded
+        return pb.as_curvature(self._c, pb._wide_dtype(emb), emb.device)
 
     def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
-        query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
+        query_emb, ref_emb = self._unwrap(query_emb, "query_emb"), self._unwrap(ref_emb, "ref_emb")
         c = self._curvature_for(query_emb)
         query = self._prepare(query_emb, c)
         ref = query if ref_emb is query_emb else self._prepare(ref_emb, c)
         return pb.pairwise_dist(query, ref, c)
 
     def pairwise_distance(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
-        query_emb, ref_emb = self._unwrap(query_emb), self._unwrap(ref_emb)
+        query_emb, ref_emb = self._unwrap(query_emb, "query_emb"), self._unwrap(ref_emb, "ref_emb")
         c = self._curvature_for(query_emb)
         return pb.dist(self._prepare(query_emb, c), self._prepare(ref_emb, c), c)
 

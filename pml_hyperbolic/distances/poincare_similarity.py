@@ -2,10 +2,22 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 
 from .poincare_distance import PoincareDistance
+
+_SCALE_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
+
+
+def _check_scale(value: float, what: str) -> float:
+    """``value`` if T is finite and 1/T is finite in float32; ValueError naming ``what`` otherwise."""
+    if not (_SCALE_RANGE[0] <= value <= _SCALE_RANGE[1]):
+        hint = " (the geometry has no clipping: pass scale explicitly)" if value == math.inf else ""
+        raise ValueError(f"{what} must be a number in [{_SCALE_RANGE[0]:.3g}, {_SCALE_RANGE[1]:.3g}] "
+                         f"(1/T finite in float32), got {value!r}{hint}")
+    return value
 
 
 class PoincareSimilarity(PoincareDistance):
@@ -32,9 +44,22 @@ class PoincareSimilarity(PoincareDistance):
             with the head), or any curvature :class:`PoincareDistance` accepts. Default: a new
             ``PoincareGeometry()`` (the package defaults, c = 0.1 and clip radius 2.3, as a default
             head's); pass the head's geometry so that both follow one curvature.
-        scale: :math:`T` (> 0). ``None`` (default): the geometry's ``max_dist0()``; a bare curvature
-            or a geometry without clipping has no such bound, and then ``scale`` must be given.
+        scale: :math:`T`, a real number in [1.2e-38, 3.4e38] (float32's normal range, so that
+            :math:`1/T` is finite in float32). ``None`` (default): the geometry's ``max_dist0()``,
+            read at each call; a bare curvature or a geometry without clipping has no such bound,
+            and then ``scale`` must be given.
         **kwargs: as :class:`PoincareDistance` (``project``, ``check_finite``, PML's ``power``, ...).
+
+    Returns (``compute_mat`` / ``pairwise_distance``): with ``scale=None`` the similarity is
+    clamped to exactly ``[-1, 1]`` (float32 rounding of d near :math:`T` otherwise leaves it by a
+    few 1e-5); the clamp passes the gradient of :math:`1 - d/T` through unchanged. With an explicit
+    ``scale``, :math:`1 - d/T` is returned as is (below −1 where d > 2T).
+
+    Raises:
+        ValueError: ``scale`` is not a real number (a bool or a string included) or outside the
+            range above; ``scale=None`` with no clip bound at
+            construction, or at call time when the geometry's clipping was switched off since
+            (``clip_r = None``) or gives a :math:`T` outside the range.
 
     ``is_inverted`` is True: larger means more similar, like PML's ``CosineSimilarity``.
 
@@ -56,18 +81,27 @@ class PoincareSimilarity(PoincareDistance):
             if not math.isfinite(max_dist0):
                 raise ValueError("scale=None takes T from a clipping PoincareGeometry's max_dist0(); "
                                  f"got c={c!r}: pass scale (> 0) explicitly")
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        else:
+            if isinstance(scale, bool) or not isinstance(scale, Real):
+                raise ValueError(f"scale must be a real number, got {type(scale).__name__} {scale!r}")
+            _check_scale(float(scale), "scale")
         # None: read from the geometry at each use (the clip radius has one owner)
         self._scale = None if scale is None else float(scale)
 
     @property
     def scale(self) -> float:
-        """T: the given scale, or the geometry's current ``max_dist0()``."""
-        return self._c.max_dist0() if self._scale is None else self._scale
+        """T: the given scale, or the geometry's current ``max_dist0()`` (validated at each read)."""
+        if self._scale is not None:
+            return self._scale
+        return _check_scale(self._c.max_dist0(), "scale=None: the geometry's max_dist0() = 2·clip_r")
 
     def _to_similarity(self, dist: torch.Tensor) -> torch.Tensor:
-        return 1.0 - dist / self.scale
+        s = 1.0 - dist / self.scale
+        if self._scale is None:
+            # [-1, 1] exactly; in place under no_grad: the gradient of 1 - d/T passes unchanged
+            with torch.no_grad():
+                s.clamp_(-1.0, 1.0)
+        return s
 
     def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         return self._to_similarity(super().compute_mat(query_emb, ref_emb))

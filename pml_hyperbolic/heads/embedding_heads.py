@@ -4,9 +4,13 @@ Design note: docs/design/heads.md
 """
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
+
 import torch
 from torch import Tensor, nn
 
+from .. import poincare_ball as pb
 from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry
 from ..manifold_tensors import to_manifold_tensor
 from .to_poincare import _UNSET, ToPoincare, _Unset
@@ -23,6 +27,34 @@ def _orthogonal_linear(in_features: int, out_features: int) -> nn.Linear:
 RADIUS_MODES = ("learned", "norm")
 
 
+def _check_width(value, name: str) -> int:
+    """``value`` if it is an int >= 1 (not a bool); TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _autocast_on(x: torch.Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4 takes no device type
+        return torch.is_autocast_enabled()
+
+
+def _check_features(x, linear: nn.Linear, head: str) -> torch.Tensor:
+    """One clear error for input a head's ``Linear`` cannot take (instead of a torch traceback)."""
+    x = pb.check_tensor(x, f"{head} input")
+    if x.ndim < 1 or x.shape[-1] != linear.in_features:
+        raise ValueError(f"{head} expects input of shape (..., {linear.in_features}) (in_features), "
+                         f"got {tuple(x.shape)}")
+    if x.dtype != linear.weight.dtype and not _autocast_on(x):
+        raise TypeError(f"{head} has dtype {linear.weight.dtype}, got input of dtype {x.dtype}: "
+                        f"cast one of them (e.g. head.to({x.dtype}) or x.to({linear.weight.dtype}))")
+    return x
+
+
 class RadialConfidence(nn.Module):
     r"""The learned tangent norm of the polar head: :math:`\rho(f) = \rho_{max}\,\sigma(g(\hat f))`.
 
@@ -36,13 +68,18 @@ class RadialConfidence(nn.Module):
         init_logit: the starting logit of every sample.
 
     Raises:
-        ValueError: ``hidden < 1``.
+        TypeError: ``hidden`` is not an int, or ``init_logit`` not a real number.
+        ValueError: ``hidden < 1``, or ``init_logit`` is not finite in float32.
     """
 
     def __init__(self, in_features: int, hidden: int = 64, init_logit: float = 0.0):
         super().__init__()
-        if hidden < 1:
-            raise ValueError(f"radial_hidden must be >= 1, got {hidden}")
+        _check_width(hidden, "radial_hidden")
+        if isinstance(init_logit, bool) or not isinstance(init_logit, Real):
+            raise TypeError(f"radial_init_logit must be a real number, got {type(init_logit).__name__} "
+                            f"{init_logit!r}")
+        if not abs(float(init_logit)) <= torch.finfo(torch.float32).max:
+            raise ValueError(f"radial_init_logit must be finite (in float32), got {init_logit!r}")
         self.mlp = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.constant_(self.mlp[2].bias, float(init_logit))
@@ -87,8 +124,13 @@ class HyperbolicEmbeddingHead(nn.Module):
         return_manifold_tensor: return a hypll ``ManifoldTensor`` instead of a plain tensor.
 
     Raises:
-        ValueError: an unknown ``radius``, ``radial_hidden < 1``, or any error of
-            :class:`ToPoincare`.
+        TypeError: ``in_features``, ``out_features`` or ``radial_hidden`` not an int,
+            ``radial_init_logit`` not a number, or any type error of :class:`ToPoincare`. At call
+            time: input that is not a floating-point tensor, or whose dtype differs from the
+            head's (outside autocast).
+        ValueError: an unknown ``radius``, a width < 1, a non-finite ``radial_init_logit``, or any
+            error of :class:`ToPoincare`. At call time: input whose last dimension is not
+            ``in_features``, or that holds NaN/Inf.
 
     Design note: docs/design/heads.md
     """
@@ -101,6 +143,8 @@ class HyperbolicEmbeddingHead(nn.Module):
         super().__init__()
         if radius not in RADIUS_MODES:
             raise ValueError(f"radius must be one of {RADIUS_MODES}, got {radius!r}")
+        _check_width(in_features, "in_features")
+        _check_width(out_features, "out_features")
         self.linear = _orthogonal_linear(in_features, out_features)
         self.to_poincare = ToPoincare(c=c, clip_r=clip_r, learnable_c=learnable_c, clip=clip)
         self.radius = radius
@@ -117,6 +161,7 @@ class HyperbolicEmbeddingHead(nn.Module):
         return self.to_poincare.c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_features(x, self.linear, "HyperbolicEmbeddingHead")
         v = self.linear(x)
         if self.radial is not None:
             x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -136,11 +181,21 @@ class SphericalEmbeddingHead(nn.Module):
     Args:
         in_features: width of the backbone features.
         out_features: embedding dimension, default 128.
+
+    Raises:
+        TypeError: a width that is not an int; at call time, input that is not a floating-point
+            tensor of the head's dtype.
+        ValueError: a width < 1; at call time, input whose last dimension is not ``in_features``,
+            or that holds NaN/Inf.
     """
 
     def __init__(self, in_features: int, out_features: int = 128):
         super().__init__()
+        _check_width(in_features, "in_features")
+        _check_width(out_features, "out_features")
         self.linear = _orthogonal_linear(in_features, out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_features(x, self.linear, "SphericalEmbeddingHead")
+        pb.check_finite(x, "features")
         return nn.functional.normalize(self.linear(x).float(), dim=-1)

@@ -4,10 +4,11 @@ Design note: docs/design/heads.md
 """
 from __future__ import annotations
 
+from numbers import Real
+
 import torch
 from torch import Tensor, nn
 
-from .. import poincare_ball as pb
 from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry
 
 
@@ -92,9 +93,11 @@ class ToPoincare(nn.Module):
         clip: ``"hard"`` (unset: the papers' head), ``"tanh"`` or ``None``.
 
     Raises:
-        ValueError: ``clip_r <= 0``; ``clip_r``, ``learnable_c`` or ``clip`` given with a
-            ``PoincareGeometry``; an invalid curvature or clipping mode. At call time, features that
-            hold NaN or Inf.
+        TypeError: ``clip_r`` is not a real number (a bool or a string included). At call time,
+            features that are not a floating-point tensor.
+        ValueError: ``clip_r <= 0`` (or not finite); ``clip_r``, ``learnable_c`` or ``clip`` given
+            with a ``PoincareGeometry``; an invalid curvature or clipping mode. At call time,
+            features that hold NaN or Inf.
 
     Design note: docs/design/heads.md
     """
@@ -105,8 +108,13 @@ class ToPoincare(nn.Module):
         super().__init__()
         if clip_r is None and clip is _UNSET:
             clip = None
-        if clip_r is not _UNSET and clip_r is not None and not (float(clip_r) > 0.0):
-            raise ValueError(f"clip_r must be > 0 or None (no clipping), got {clip_r}")
+        if clip_r is not _UNSET and clip_r is not None:
+            is_scalar_tensor = isinstance(clip_r, Tensor) and clip_r.numel() == 1 and clip_r.is_floating_point()
+            if isinstance(clip_r, bool) or not (isinstance(clip_r, Real) or is_scalar_tensor):
+                raise TypeError(f"clip_r must be a real number > 0 or None (no clipping), "
+                                f"got {type(clip_r).__name__} {clip_r!r}")
+            if not (float(clip_r) > 0.0):
+                raise ValueError(f"clip_r must be > 0 or None (no clipping), got {clip_r}")
         self.geometry = resolve_geometry(c, clip_r, learnable_c, clip)
 
     @property
@@ -120,5 +128,4 @@ class ToPoincare(nn.Module):
         return self.geometry.clip_r
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pb.check_finite(x, "features")
-        return self.geometry.to_ball(x)
+        return self.geometry.to_ball(x)  # checks the features (type, dtype, NaN/Inf)
