@@ -169,3 +169,15 @@ def test_calculator_bad_inputs_give_clear_errors(c):
         calc.get_accuracy(x, y[:19])
     with pytest.raises(ValueError, match="2-D"):
         calc.get_accuracy(x[0], y[:1])
+
+
+def test_column_labels_are_squeezed_and_multi_column_labels_rejected():
+    x, y = data(60, 4, 5, seed=3)
+    calc = RecallAtKAccuracyCalculator(k_values=(1, 2), c=0.1, include=("recall_at_1", "recall_at_2"))
+    flat = calc.get_accuracy(x, y)
+    assert calc.get_accuracy(x, y[:, None]) == flat
+    assert calc.get_accuracy(x[:30], y[:30, None], x[30:], y[30:, None]) == calc.get_accuracy(x[:30], y[:30], x[30:], y[30:])
+    with pytest.raises(ValueError, match=r"query_labels.*\(60, 2\)"):
+        calc.get_accuracy(x, torch.stack([y, y // 2], 1))
+    with pytest.raises(ValueError, match=r"reference_labels.*\(30, 1, 1\)"):
+        calc.get_accuracy(x[:30], y[:30], x[30:], y[30:, None, None])

@@ -295,6 +295,11 @@ def test_trainer_bad_arguments():
         _tiny_trainer(copy_fraction=0)
     with pytest.raises(ValueError, match="copy_fraction"):
         _tiny_trainer(copy_fraction="lots")
+    for bad in (True, "0.5", float("nan"), float("inf"), -0.1, 1.5, None):
+        with pytest.raises(ValueError, match="copy_fraction"):
+            _tiny_trainer(copy_fraction=bad)
+    with pytest.raises(TypeError, match="degradation"):
+        _tiny_trainer(degradation="blur")
 
 
 # ---------------------------------------------------------------- recipes: --radial-calibration, --degraded-copies
@@ -340,3 +345,72 @@ def test_recipe_flag_errors(flags, message, tmp_path, capsys):
     from test_recipe_end_to_end import expect_flag_error, load_recipe
 
     expect_flag_error(load_recipe("hyp_vit").HypViT, flags, message, tmp_path, capsys)
+
+
+# ---------------------------------------------------------------- contracts on degenerate and bad inputs
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_calibration_all_labels_equal_is_exactly_zero_with_zero_gradient(dtype, seed):
+    # every q is 1 in exact arithmetic (no negatives): the targets carry no information
+    torch.manual_seed(seed)
+    x = (torch.randn(16, 4, dtype=dtype) * 0.5).requires_grad_()
+    value = RadialCalibrationLoss(c=geometry())(x, torch.zeros(16, dtype=torch.long))
+    value.backward()
+    assert float(value.detach()) == 0.0
+    assert float(x.grad.abs().max()) == 0.0
+
+
+def test_ranking_loss_ignores_rounding_noise_in_the_targets():
+    d0 = torch.tensor([0.1, 0.5, 0.9], requires_grad=True)
+    target = torch.tensor([1.0, 1.0 - 1.2e-7, 1.0 - 2.4e-7])  # equal up to float32 rounding
+    value = radius_ranking_loss(d0, target, 0.1)
+    value.backward()
+    assert float(value.detach()) == 0.0 and float(d0.grad.abs().max()) == 0.0
+    # a real spread still gives the documented loss
+    assert float(radius_ranking_loss(d0.detach(), torch.tensor([0.0, 0.5, 1.0]), 0.1)) > 0
+
+
+def test_hinge_rejects_non_finite_and_one_dimensional_input():
+    loss = DegradedCopyRadiusLoss(c=geometry())
+    x = torch.tensor(X[:3])
+    bad = x.clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(ValueError, match="embeddings.*NaN/Inf"):
+        loss(bad, ref_emb=x)
+    with pytest.raises(ValueError, match="ref_emb.*NaN/Inf"):
+        loss(x, ref_emb=x.masked_fill(torch.eye(3, 2, dtype=torch.bool), float("inf")))
+    with pytest.raises(ValueError, match=r"\(N, D\)"):
+        loss(x[:, 0], ref_emb=x[:, 1])
+    with pytest.raises(TypeError, match="floating point"):
+        loss(x.long(), ref_emb=x.long())
+
+
+def test_hinge_manifold_tensor_curvature_mismatch_names_both():
+    from hypll.tensors import ManifoldTensor
+
+    loss = DegradedCopyRadiusLoss(c=geometry())  # c = 0.1
+    other = PoincareGeometry(c=0.3)
+    clean = ManifoldTensor(torch.tensor(X[:3]), manifold=other, man_dim=-1)
+    with pytest.raises(ValueError, match=r"(?s)0\.3.*0\.1"):
+        loss(clean, ref_emb=torch.tensor(X_DEGRADED))
+    with pytest.raises(ValueError, match=r"(?s)0\.3.*0\.1"):
+        loss(torch.tensor(X[:3]), ref_emb=ManifoldTensor(torch.tensor(X_DEGRADED), manifold=other, man_dim=-1))
+    same = ManifoldTensor(torch.tensor(X[:3], dtype=torch.float64), manifold=PoincareGeometry(c=0.1), man_dim=-1)
+    value = loss(same, ref_emb=torch.tensor(X_DEGRADED, dtype=torch.float64))
+    assert float(value) == pytest.approx(HINGE_REFERENCE, rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), True, "0.2", 1e-320])
+def test_radius_helpers_reject_bad_scalars(bad):
+    d = torch.rand(3, 3)
+    mask = torch.eye(3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="temperature"):
+        retrieval_success_target(d, mask, torch.ones(3, 3, dtype=torch.bool), bad)
+    with pytest.raises(ValueError, match="scale"):
+        radius_ranking_loss(torch.rand(3), torch.tensor([0.0, 0.5, 1.0]), bad)
+    if bad != 0.0 and bad != 1e-320:  # a zero margin is valid
+        from pml_hyperbolic.losses.degraded_copy_radius_loss import radius_order_hinge
+
+        with pytest.raises(ValueError, match="margin"):
+            radius_order_hinge(torch.rand(3), torch.rand(3), bad)

@@ -6,6 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pml_hyperbolic.data import ClassBalancedBatchSampler
 
@@ -163,3 +165,60 @@ def test_real_process_group_ranks_get_distinct_whole_class_batches(tmp_path):
         assert not set(labels[batch_0].tolist()) & set(labels[batch_1].tolist())
     all_batches = [tuple(b) for batches in per_rank for b in batches]
     assert len(set(all_batches)) == len(all_batches)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("batch_size", 1.5, TypeError), ("batch_size", True, TypeError), ("batch_size", "8", TypeError),
+    ("batch_size", 0, ValueError), ("batch_size", -8, ValueError), ("batch_size", float("nan"), TypeError),
+    ("samples_per_class", 2.5, TypeError), ("samples_per_class", False, TypeError),
+    ("samples_per_class", 0, ValueError), ("samples_per_class", None, TypeError),
+    ("num_batches", 0, ValueError), ("num_batches", 2.5, TypeError), ("num_batches", True, TypeError),
+    ("seed", -1, ValueError), ("seed", 0.5, TypeError), ("seed", "0", TypeError), ("seed", True, TypeError),
+    ("rank", -1, ValueError), ("rank", 0.5, TypeError), ("rank", True, TypeError),
+    ("world_size", 0, ValueError), ("world_size", 1.5, TypeError), ("world_size", False, TypeError),
+    ("drop_last", 1, TypeError), ("drop_last", "yes", TypeError),
+])
+def test_every_argument_is_checked_and_named(name, value, error):
+    kwargs = {"labels": make_labels(num_classes=5), "batch_size": 8, "samples_per_class": 4, name: value}
+    with pytest.raises(error, match=name):
+        ClassBalancedBatchSampler(**kwargs)
+
+
+def test_empty_labels_and_bad_epoch_are_clear_errors():
+    with pytest.raises(ValueError, match="labels"):
+        ClassBalancedBatchSampler([], 8, 4)
+    sampler = ClassBalancedBatchSampler(make_labels(num_classes=5), 8, 4)
+    for bad, error in [(1.5, TypeError), (-1, ValueError), ("1", TypeError)]:
+        with pytest.raises(error, match="epoch"):
+            sampler.set_epoch(bad)
+
+
+def test_integral_numbers_of_other_types_are_accepted():
+    labels = make_labels(num_classes=5)
+    a = ClassBalancedBatchSampler(labels, np.int64(8), 4, num_batches=3, seed=np.int32(2))
+    b = ClassBalancedBatchSampler(labels, 8.0, 4, num_batches=3, seed=2)
+    assert [list(x) for x in a] == [list(x) for x in b]
+
+
+def test_multi_column_labels_are_rejected_and_a_column_is_accepted():
+    labels = make_labels(num_classes=5)
+    with pytest.raises(ValueError, match="labels"):
+        ClassBalancedBatchSampler(np.stack([labels, labels], 1), 8, 4)
+    a = ClassBalancedBatchSampler(labels[:, None], 8, 4, num_batches=3)
+    b = ClassBalancedBatchSampler(labels, 8, 4, num_batches=3)
+    assert [list(x) for x in a] == [list(x) for x in b]
+
+
+_BAD_INTS = [0, -3, 1.5, 2.5, float("nan"), float("inf"), True, False, "8", None, 1e300, [8]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["batch_size", "samples_per_class", "num_batches", "seed", "rank", "world_size"]),
+       value=st.sampled_from(_BAD_INTS))
+def test_sweep_every_integer_argument(name, value):
+    if (value is None and name in ("num_batches", "rank", "world_size")) or (value == 0 and name in ("seed", "rank")
+                                                                           and not isinstance(value, bool)):
+        return  # documented defaults / valid values
+    kwargs = {"labels": make_labels(num_classes=5), "batch_size": 8, "samples_per_class": 4, name: value}
+    with pytest.raises((TypeError, ValueError), match=name):
+        ClassBalancedBatchSampler(**kwargs)

@@ -17,10 +17,35 @@ import torch
 
 DEGRADATION_KINDS = ("blur", "noise", "occlusion")
 
+#: the widest Gaussian σ accepted, in pixels (a kernel of 6·σ taps)
+MAX_SIGMA_PX = 1e6
+#: the narrowest σ of :func:`gaussian_kernel1d` (its taps are computed in ``dtype``: a σ that
+#: rounds to 0 there would give 0/0)
+MIN_KERNEL_SIGMA_PX = 1e-3
+
+
+def _check_sigma(sigma, name: str = "sigma", minimum: float = 0.0) -> float:
+    if isinstance(sigma, (bool, str, bytes)) or sigma is None:
+        raise TypeError(f"{name} must be a number of pixels > 0, got {sigma!r}")
+    try:
+        s = float(sigma)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number of pixels > 0, got {sigma!r}") from None
+    if not (0 < s <= MAX_SIGMA_PX and s >= minimum):
+        low = f"[{minimum:g}" if minimum > 0 else "(0"
+        raise ValueError(f"{name} must lie in {low}, {MAX_SIGMA_PX:g}] pixels, got {sigma!r}")
+    return s
+
 
 def gaussian_kernel1d(sigma: float, dtype: torch.dtype = torch.float32,
                       device: Optional[torch.device] = None) -> torch.Tensor:
-    r"""Normalised 1-D Gaussian taps :math:`k_t \propto \exp(-t^2/2\sigma^2)`, :math:`|t| \le \lceil 3\sigma \rceil`."""
+    r"""Normalised 1-D Gaussian taps :math:`k_t \propto \exp(-t^2/2\sigma^2)`, :math:`|t| \le \lceil 3\sigma \rceil`.
+
+    Raises:
+        TypeError: ``sigma`` is not a number (bool and str included).
+        ValueError: ``sigma`` not in [:data:`MIN_KERNEL_SIGMA_PX`, :data:`MAX_SIGMA_PX`].
+    """
+    sigma = _check_sigma(sigma, minimum=MIN_KERNEL_SIGMA_PX)
     half = max(1, math.ceil(3.0 * sigma))
     t = torch.arange(-half, half + 1, dtype=dtype, device=device)
     k = torch.exp(-0.5 * (t / sigma) ** 2)
@@ -28,7 +53,14 @@ def gaussian_kernel1d(sigma: float, dtype: torch.dtype = torch.float32,
 
 
 def gaussian_blur(image: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of one (C, H, W) image, reflect padding (no dark border)."""
+    """Separable Gaussian blur of one (C, H, W) image, reflect padding (no dark border).
+
+    Raises:
+        TypeError / ValueError: as :func:`gaussian_blur_batch`, and for ``sigma`` as
+            :func:`gaussian_kernel1d`.
+    """
+    _check_images(image, "image", 3)
+    sigma = _check_sigma(sigma)
     return gaussian_blur_batch(image[None], torch.tensor([float(sigma)], dtype=torch.float64))[0]
 
 
@@ -40,11 +72,23 @@ def gaussian_blur_batch(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Ten
     batch's device): zero taps read only reflect-padded pixels that the narrower kernel does not
     reach, so the result equals blurring each image alone. Reflect padding (no dark border);
     replicate padding when the kernel is wider than the image.
+
+    Raises:
+        TypeError: ``images`` not a floating-point tensor, or ``sigmas`` not a tensor.
+        ValueError: ``images`` not (B, C, H, W), or ``sigmas`` not one σ in (0,
+            :data:`MAX_SIGMA_PX`] per image.
     """
+    _check_images(images, "images", 4)
+    if not torch.is_tensor(sigmas):
+        raise TypeError(f"sigmas must be a tensor of one σ per image, got {type(sigmas).__name__}")
     b, c, h, w = images.shape
-    sig = sigmas.to(device=images.device, dtype=torch.float64).reshape(-1)
-    if sig.numel() != b or not bool((sig > 0).all()):
-        raise ValueError(f"sigmas must hold one positive σ per image ({b}), got {tuple(sigmas.shape)}")
+    sig = sigmas.to(device=images.device, dtype=torch.float64)
+    if sig.ndim > 1:
+        raise ValueError(f"sigmas must hold one positive σ per image ({b}), got shape {tuple(sigmas.shape)}")
+    sig = sig.reshape(-1)
+    if sig.numel() != b or not bool(((sig > 0) & (sig <= MAX_SIGMA_PX)).all()):
+        raise ValueError(f"sigmas must hold one positive σ per image ({b}), each at most {MAX_SIGMA_PX:g}, "
+                         f"got shape {tuple(sigmas.shape)}")
     halves = torch.ceil(3.0 * sig).clamp_min(1)
     half = int(halves.max())
     t = torch.arange(-half, half + 1, dtype=torch.float64, device=images.device)
@@ -60,11 +104,25 @@ def gaussian_blur_batch(images: torch.Tensor, sigmas: torch.Tensor) -> torch.Ten
     return x.reshape(b, c, h, w)
 
 
+def _check_images(images, name: str, ndim: int) -> None:
+    shape = "(B, C, H, W)" if ndim == 4 else "(C, H, W)"
+    if not torch.is_tensor(images):
+        raise TypeError(f"{name} must be a floating-point tensor {shape}, got {type(images).__name__}")
+    if not torch.is_floating_point(images):
+        raise TypeError(f"{name} must be a floating-point tensor {shape}, got dtype {images.dtype}")
+    if images.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(images.shape)}")
+
+
 def _check_range(name: str, value, low_ok: float, high_ok: float) -> Tuple[float, float]:
     try:
+        if isinstance(value, (str, bytes)) or any(isinstance(v, (bool, str, bytes)) for v in value):
+            raise TypeError
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a (low, high) pair of numbers, got {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"{name} must be finite, got {value!r}")
     if not (low_ok <= lo <= hi <= high_ok):
         raise ValueError(f"{name} must satisfy {low_ok} <= low <= high <= {high_ok}, got {value!r}")
     return lo, hi
@@ -92,7 +150,8 @@ class RandomDegradation:
         occlusion_value: the occluded pixels' value.
 
     Raises:
-        ValueError: an unknown kind or a range outside its bounds.
+        ValueError: ``kinds`` empty, with an unknown or repeated kind; a range that is not a
+            (low, high) pair of finite numbers within its bounds; a non-finite ``occlusion_value``.
 
     Design note: docs/design/data.md
     """
@@ -100,15 +159,25 @@ class RandomDegradation:
     def __init__(self, kinds: Sequence[str] = DEGRADATION_KINDS, blur_sigma: Tuple[float, float] = (0.008, 0.04),
                  noise_std: Tuple[float, float] = (0.1, 0.8), occlusion_side: Tuple[float, float] = (0.125, 0.5),
                  occlusion_value: float = 0.0):
+        if isinstance(kinds, str) or not hasattr(kinds, "__iter__"):
+            raise ValueError(f"kinds must be a non-empty sequence of names from {DEGRADATION_KINDS}, got {kinds!r}")
         kinds = tuple(kinds)
         unknown = [k for k in kinds if k not in DEGRADATION_KINDS]
-        if not kinds or unknown:
-            raise ValueError(f"kinds must be a non-empty subset of {DEGRADATION_KINDS}, got {kinds!r}")
+        if not kinds or unknown or len(set(kinds)) != len(kinds):
+            raise ValueError(f"kinds must be a non-empty subset of {DEGRADATION_KINDS} without repeats, "
+                             f"got {kinds!r}")
         self.kinds = kinds
         self.blur_sigma = _check_range("blur_sigma", blur_sigma, 1e-6, 1.0)
         self.noise_std = _check_range("noise_std", noise_std, 0.0, math.inf)
         self.occlusion_side = _check_range("occlusion_side", occlusion_side, 1e-6, 1.0)
-        self.occlusion_value = float(occlusion_value)
+        if isinstance(occlusion_value, (bool, str, bytes)) or occlusion_value is None:
+            raise ValueError(f"occlusion_value must be a finite number, got {occlusion_value!r}")
+        try:
+            self.occlusion_value = float(occlusion_value)
+        except (TypeError, ValueError):
+            raise ValueError(f"occlusion_value must be a finite number, got {occlusion_value!r}") from None
+        if not math.isfinite(self.occlusion_value):
+            raise ValueError(f"occlusion_value must be a finite number, got {occlusion_value!r}")
 
     @staticmethod
     def _uniform(bounds, u: torch.Tensor) -> torch.Tensor:
@@ -116,8 +185,16 @@ class RandomDegradation:
         return lo + (hi - lo) * u
 
     def __call__(self, images: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        if images.ndim != 4:
-            raise ValueError(f"RandomDegradation expects a (B, C, H, W) batch, got shape {tuple(images.shape)}")
+        """Degraded copy of ``images`` (B, C, H, W).
+
+        Raises:
+            TypeError: ``images`` not a floating-point tensor, or ``generator`` not a
+                ``torch.Generator``.
+            ValueError: ``images`` not 4-D.
+        """
+        _check_images(images, "images", 4)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         out = images.clone()
         b, _, h, w = images.shape
         if b == 0:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from ..losses._common import check_int
+
 
 def _distributed_rank_and_world_size():
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -59,8 +61,12 @@ class ClassBalancedBatchSampler(Sampler):
             (True) or up (False) when the global batches do not split evenly.
 
     Raises:
-        ValueError: non-positive sizes, ``samples_per_class`` not dividing ``batch_size``, fewer
-            classes than a batch needs, or ``rank`` outside ``world_size``.
+        TypeError: ``batch_size``, ``samples_per_class``, ``num_batches``, ``seed``, ``rank`` or
+            ``world_size`` not an integer (a bool or a fractional number included), or
+            ``drop_last`` not a bool.
+        ValueError: empty ``labels`` or labels not (N,) / (N, 1), sizes < 1, a negative ``seed`` or ``rank``,
+            ``samples_per_class`` not dividing ``batch_size``, fewer classes than a batch needs,
+            or ``rank`` outside ``world_size``.
     """
 
     def __init__(self, labels: Any, batch_size: int, samples_per_class: int, num_batches: Optional[int] = None,
@@ -68,10 +74,24 @@ class ClassBalancedBatchSampler(Sampler):
                  drop_last: bool = True):
         if isinstance(labels, torch.Tensor):
             labels = labels.detach().cpu().numpy()
-        labels = np.asarray(labels).reshape(-1)
-        batch_size, samples_per_class = int(batch_size), int(samples_per_class)
-        if samples_per_class < 1 or batch_size < 1:
-            raise ValueError("batch_size and samples_per_class must be positive")
+        labels = np.asarray(labels)
+        if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] != 1):
+            raise ValueError(f"labels must hold one class label per dataset index, (N,) or (N, 1), got shape "
+                             f"{labels.shape}")
+        labels = labels.reshape(-1)
+        if len(labels) == 0:
+            raise ValueError("labels is empty: there is nothing to sample")
+        batch_size = check_int(batch_size, "batch_size", 1)
+        samples_per_class = check_int(samples_per_class, "samples_per_class", 1)
+        if num_batches is not None:
+            num_batches = check_int(num_batches, "num_batches", 1)
+        seed = check_int(seed, "seed", 0)
+        if rank is not None:
+            rank = check_int(rank, "rank", 0)
+        if world_size is not None:
+            world_size = check_int(world_size, "world_size", 1)
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
         if batch_size % samples_per_class != 0:
             raise ValueError(
                 f"batch_size ({batch_size}) must be divisible by samples_per_class ({samples_per_class}) "
@@ -106,8 +126,13 @@ class ClassBalancedBatchSampler(Sampler):
         self._next_batch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Reseed for a new epoch (same on every rank)."""
-        self.epoch = int(epoch)
+        """Reseed for a new epoch (same on every rank).
+
+        Raises:
+            TypeError: ``epoch`` is not an integer.
+            ValueError: ``epoch`` < 0.
+        """
+        self.epoch = check_int(epoch, "epoch", 0)
 
     def __len__(self):
         return self.num_batches

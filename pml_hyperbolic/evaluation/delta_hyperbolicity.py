@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from .. import poincare_ball as pb
+from ..losses._common import check_bool, check_int, check_positive
 from ..threads import limited_threads, uncontended_threads
 
 BLOCK_ROWS = 16
@@ -51,7 +52,7 @@ def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
     if (embeddings is None) == (distances is None):
         raise ValueError("give exactly one of embeddings or distances")
     if distances is not None:
-        D = torch.as_tensor(np.asarray(distances) if not isinstance(distances, Tensor) else distances)
+        D = _as_float_tensor(distances, "distances")
         D = D.detach().to(torch.float64)
         if D.dim() != 2 or D.shape[0] != D.shape[1]:
             raise ValueError(f"distances must be a square matrix, got shape {tuple(D.shape)}")
@@ -65,7 +66,7 @@ def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
         if not torch.allclose(D, D.T, rtol=1e-5, atol=1e-6 * max(scale, 1e-30)):
             raise ValueError("distances is not symmetric: not a metric (pass D or (D + D.T) / 2)")
         return D
-    x = torch.as_tensor(np.asarray(embeddings) if not isinstance(embeddings, Tensor) else embeddings)
+    x = _as_float_tensor(embeddings, "embeddings")
     x = x.detach().to(torch.float64)
     if x.dim() != 2:
         raise ValueError(f"embeddings must be 2-D (N x D), got shape {tuple(x.shape)}")
@@ -85,6 +86,17 @@ def _distance_matrix(embeddings, distances, metric: str, c) -> Tensor:
         x = pb.project(x, c)
         return pb.pairwise_dist(x, x, c).fill_diagonal_(0)
     raise ValueError(f"metric must be 'euclidean', 'cosine' or 'poincare', got {metric!r}")
+
+
+def _as_float_tensor(value, name: str) -> Tensor:
+    """``value`` (tensor or array-like of real numbers) as a tensor; TypeError naming ``name`` otherwise."""
+    try:
+        x = torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a numeric array or tensor, got {type(value).__name__}") from None
+    if x.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
+    return x
 
 
 def _delta_from_distances(D: Tensor, base: int, dtype, block_rows: int, block_cols: int) -> float:
@@ -169,10 +181,16 @@ def gromov_delta(
 
     Raises:
         ValueError: both or neither of ``embeddings`` / ``distances``, a matrix that is not a
-            metric, NaN/Inf, an empty set, a bad ``metric``, ``base`` or block size.
+            metric, NaN/Inf, an empty set, a bad ``metric``, ``base`` out of range or < 0, or a
+            block size < 1.
+        TypeError: ``embeddings`` / ``distances`` not numeric, or ``base`` / a block size not an
+            integer (bool included).
 
     Design note: docs/design/evaluation.md
     """
+    base = check_int(base, "base", 0)
+    block_rows = check_int(block_rows, "block_rows", 1)
+    block_cols = check_int(block_cols, "block_cols", 1)
     src = embeddings if embeddings is not None else distances
     n = len(src) if hasattr(src, "__len__") and np.ndim(src) > 0 else 0  # bad input: the error below
     # the distance matrix and the Gromov products are big ops, but on a busy machine their
@@ -217,15 +235,19 @@ def relative_delta(
         δ_rel as a float, or ``(mean, std)`` with ``return_std``.
 
     Raises:
-        ValueError: bad ``n_draws`` / ``n_samples``, no or empty input, or a set (or subset) whose
-            points all coincide (0/0), plus :func:`gromov_delta`'s errors.
+        ValueError: ``n_draws`` < 1, ``n_samples`` < 2, ``seed`` < 0, no or empty input, or a set
+            (or subset) whose points all coincide (0/0), plus :func:`gromov_delta`'s errors.
+        TypeError: ``n_draws`` / ``n_samples`` / ``seed`` / ``base`` not an integer, or
+            ``return_std`` not a bool.
 
     Design note: docs/design/evaluation.md
     """
-    if n_draws < 1:
-        raise ValueError(f"n_draws must be >= 1, got {n_draws}")
-    if n_samples is not None and n_samples < 2:
-        raise ValueError(f"n_samples must be >= 2, got {n_samples}")
+    n_draws = check_int(n_draws, "n_draws", 1)
+    if n_samples is not None:
+        n_samples = check_int(n_samples, "n_samples", 2)
+    seed = check_int(seed, "seed", 0)
+    base = check_int(base, "base", 0)
+    return_std = check_bool(return_std, "return_std")
     src = embeddings if embeddings is not None else distances
     if src is None:
         raise ValueError("give exactly one of embeddings or distances")
@@ -298,12 +320,15 @@ def suggest_curvature(
         c as a float.
 
     Raises:
-        ValueError: ``min_curvature`` not in (0, ``max_curvature``], plus :func:`relative_delta`'s errors.
+        ValueError: ``min_curvature`` / ``max_curvature`` not finite numbers > 0, or
+            ``min_curvature`` > ``max_curvature``, plus :func:`relative_delta`'s errors.
 
     Design note: docs/design/evaluation.md
     """
-    if not (0 < min_curvature <= max_curvature):
-        raise ValueError("need 0 < min_curvature <= max_curvature")
+    min_curvature = check_positive(min_curvature, "min_curvature")
+    max_curvature = check_positive(max_curvature, "max_curvature")
+    if not min_curvature <= max_curvature:
+        raise ValueError(f"need min_curvature <= max_curvature, got {min_curvature} > {max_curvature}")
     d_rel = relative_delta(embeddings, metric=metric, n_samples=n_samples, n_draws=n_draws,
                            seed=seed, **kwargs)
     c = math.inf if d_rel <= 0 else (0.144 / d_rel) ** 2

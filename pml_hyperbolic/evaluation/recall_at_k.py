@@ -8,6 +8,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from pytorch_metric_learning.utils.accuracy_calculator import (
+    EQUALITY,
     AccuracyCalculator,
     maybe_get_avg_of_avgs,
     nan_accuracy,
@@ -58,7 +59,12 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
 
     def __init__(self, k_values: Iterable[int] = (1, 2, 4, 8), c: Optional[float] = None,
                  k: Optional[Any] = None, **kwargs: Any):
-        k_values = tuple(k_values) if not isinstance(k_values, int) else (k_values,)
+        if isinstance(k_values, int) and not isinstance(k_values, bool):
+            k_values = (k_values,)
+        try:
+            k_values = tuple(k_values)
+        except TypeError:
+            raise ValueError(f"k_values must be a positive int or an iterable of them, got {k_values!r}") from None
         if len(k_values) == 0:
             raise ValueError("k_values must contain at least one K")
         for kv in k_values:
@@ -118,7 +124,8 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
 
         Args:
             query: (Nq, D) query embeddings.
-            query_labels: (Nq,) or (Nq, L) labels.
+            query_labels: (Nq,) class ids; (Nq, 1) is read as (Nq,). (Nq, L > 1) labels only with
+                a custom ``label_comparison_fn`` (PML's default compares one id per sample).
             reference: (Nr, D) reference embeddings (None: the queries themselves).
             reference_labels: labels of ``reference``.
             ref_includes_query: whether the queries are part of ``reference`` (as in PML).
@@ -129,17 +136,30 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
             ``{metric name: value}``, with ``recall_at_K`` among them.
 
         Raises:
-            ValueError: embeddings not 2-D, empty, with NaN/Inf, missing or mismatched labels, or
-                query and reference dimensions that differ.
+            ValueError: embeddings not 2-D, not floating point, empty, or with NaN/Inf; missing or
+                mismatched labels, labels of shape (N, L > 1) or more dimensions with the default
+                label comparison; query and reference dimensions that differ.
         """
         _check_embeddings(query, query_labels, "query")
+        query_labels = self._labels_for_pml(query_labels, "query_labels")
         if reference is not None:
             _check_embeddings(reference, reference_labels, "reference")
+            reference_labels = self._labels_for_pml(reference_labels, "reference_labels")
             if reference.shape[1] != query.shape[1]:
                 raise ValueError(f"query has dimension {query.shape[1]} but reference has dimension "
                                  f"{reference.shape[1]}")
         return super().get_accuracy(query, query_labels, reference, reference_labels,
                                     ref_includes_query, include=include, exclude=exclude)
+
+    def _labels_for_pml(self, labels: Any, name: str) -> Any:
+        """(N, 1) labels squeezed to (N,); other multi-column labels need a custom comparison."""
+        shape = tuple(labels.shape) if hasattr(labels, "shape") else (len(labels),)
+        if len(shape) == 2 and shape[1] == 1:
+            return labels.reshape(-1)
+        if len(shape) == 0 or (len(shape) > 1 and self.label_comparison_fn is EQUALITY):
+            raise ValueError(f"{name} must be 1-D (N,) class ids (or (N, 1)), got shape {shape}; labels with "
+                             "several columns need a custom label_comparison_fn")
+        return labels
 
     def determine_k(self, bin_counts: Any, num_reference_embeddings: int, ref_includes_query: bool) -> int:
         available = num_reference_embeddings - int(ref_includes_query)
@@ -165,7 +185,9 @@ def _check_embeddings(embeddings, labels, name: str) -> None:
     if embeddings.shape[0] == 0:
         raise ValueError(f"{name} is empty (0 embeddings): nothing to evaluate")
     x = torch.as_tensor(embeddings)
-    if torch.is_floating_point(x) and not bool(torch.isfinite(x).all()):
+    if not torch.is_floating_point(x):
+        raise ValueError(f"{name} must hold floating-point embeddings, got {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).any(dim=1).sum())
         raise ValueError(f"{name} contains NaN/Inf values in {bad} of {x.shape[0]} embeddings "
                          "(a diverged model or an empty batch upstream?)")

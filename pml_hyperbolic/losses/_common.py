@@ -2,30 +2,102 @@
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 from pytorch_metric_learning.reducers import MultipleReducers
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 
+def _reject_non_numbers(value, name: str, what: str) -> None:
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+#: hyperparameters outside [_TINY, _HUGE] overflow float32 once divided or multiplied by a distance
+#: (the bounds the curvature and the mixed-geometry temperatures use too)
+_TINY, _HUGE = 1e-12, 1e12
+
+
 def check_positive(value: float, name: str) -> float:
+    """``value`` as a float in [1e-12, 1e12]; ValueError naming ``name`` otherwise (bool and str
+    included: they are not numbers here)."""
+    _reject_non_numbers(value, name, "a positive number")
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a positive number, got {value!r}") from None
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
+    if not (_TINY <= v <= _HUGE):
+        raise ValueError(f"{name} must lie in [{_TINY:g}, {_HUGE:g}] (beyond, float32 arithmetic "
+                         f"overflows), got {value!r}")
     return v
 
 
 def check_nonnegative(value: float, name: str) -> float:
+    """``value`` as a float in [0, 1e12]; ValueError naming ``name`` otherwise."""
+    _reject_non_numbers(value, name, "a non-negative number")
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a non-negative number, got {value!r}") from None
     if not (v >= 0 and math.isfinite(v)):
         raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")
+    if v > _HUGE:
+        raise ValueError(f"{name} must be <= {_HUGE:g} (beyond, float32 arithmetic overflows), got {value!r}")
     return v
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` if it is a bool (numpy's included); TypeError naming ``name`` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_int(value, name: str, minimum: int = 1, maximum: int = 2 ** 63 - 1) -> int:
+    """``value`` as an int in [``minimum``, ``maximum``] (an integral float such as 8.0 is read as 8).
+
+    Raises:
+        TypeError: a bool, str, non-number, or a float that is not an exact integer (beyond 2**53
+            floats are not).
+        ValueError: outside [``minimum``, ``maximum``].
+    """
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, numbers.Number):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, numbers.Integral):
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+        if not (math.isfinite(f) and f.is_integer() and abs(f) <= 2 ** 53):
+            raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if v > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
+    return v
+
+
+def check_embeddings(x, name: str = "embeddings", finite: bool = True) -> torch.Tensor:
+    """A 2-D (N, D) floating-point tensor, finite when ``finite``; one clear error otherwise.
+
+    Raises:
+        TypeError: not a tensor, or not floating point.
+        ValueError: not 2-D, or (``finite``) with NaN/Inf entries.
+    """
+    if not torch.is_tensor(x):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape (N, D), got {tuple(x.shape)}")
+    if finite and x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN/Inf values")
+    return x
 
 
 def as_compute(mat: torch.Tensor) -> torch.Tensor:
@@ -36,6 +108,137 @@ def as_compute(mat: torch.Tensor) -> torch.Tensor:
 def check_labels(labels: torch.Tensor | None, n: int, name: str = "labels") -> None:
     if labels is not None and (labels.ndim != 1 or labels.shape[0] != n):
         raise ValueError(f"{name} must be a 1-D tensor of length {n}, got shape {tuple(labels.shape)}")
+
+
+def check_labels_tensor(labels, n: int, name: str = "labels", max_ndim: int = 1) -> None:
+    """``labels``: an integer tensor with ``n`` rows and at most ``max_ndim`` dimensions.
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: a bool / floating-point / complex dtype (class ids are integers), more than
+            ``max_ndim`` dimensions, none, or a length other than ``n``.
+    """
+    if not torch.is_tensor(labels):
+        raise TypeError(f"{name} must be a torch.Tensor of integer class ids, got {type(labels).__name__}")
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"{name} must hold integer class ids, got dtype {labels.dtype}")
+    shape = "(N,)" if max_ndim == 1 else "(N,) or (N, K)"
+    if not 1 <= labels.ndim <= max_ndim or labels.shape[0] != n:
+        raise ValueError(f"{name} must have shape {shape} with N = {n}, got {tuple(labels.shape)}")
+
+
+def check_indices_tuple(indices_tuple, n: int, r: int) -> None:
+    """A PML pair (a1, p, a2, n) or triplet (a, p, n) tuple of 1-D integer tensors: anchors in
+    [0, ``n``), positives and negatives in [0, ``r``), paired tensors of equal length. One
+    device-to-host read for the range check.
+
+    Raises:
+        TypeError: not a tuple/list of tensors, or tensors that are not integer.
+        ValueError: not 3 or 4 tensors, not 1-D, lengths that do not pair up, or indices out of range.
+    """
+    if not isinstance(indices_tuple, (tuple, list)) or not all(torch.is_tensor(t) for t in indices_tuple):
+        raise TypeError("indices_tuple must be a tuple of index tensors (a, p, n) or (a1, p, a2, n), got "
+                        f"{type(indices_tuple).__name__}")
+    if len(indices_tuple) not in (3, 4):
+        raise ValueError(f"indices_tuple must hold 3 (triplets) or 4 (pairs) tensors, got {len(indices_tuple)}")
+    for t in indices_tuple:
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            raise TypeError(f"indices_tuple must hold integer index tensors, got dtype {t.dtype}")
+        if t.ndim != 1:
+            raise ValueError(f"indices_tuple must hold 1-D index tensors, got shape {tuple(t.shape)}")
+    groups = [indices_tuple] if len(indices_tuple) == 3 else [indices_tuple[:2], indices_tuple[2:]]
+    for g in groups:
+        if len({len(t) for t in g}) != 1:
+            raise ValueError("indices_tuple: the tensors of one "
+                             f"{'triplet' if len(g) == 3 else 'pair'} list differ in length "
+                             f"{[len(t) for t in g]}")
+    bounds = [n, r, r] if len(indices_tuple) == 3 else [n, r, n, r]
+    bad = None
+    for t, b in zip(indices_tuple, bounds):
+        if t.numel():
+            out = ((t < 0) | (t >= b)).any()
+            bad = out if bad is None else bad | out.to(bad.device)
+    if bad is not None and bool(bad):
+        raise ValueError(f"indices_tuple holds indices out of range: anchors must lie in [0, {n}), "
+                         f"positives and negatives in [0, {r})")
+
+
+def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
+    """The arguments of a loss's ``forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)``
+    (positional or keyword): see :func:`check_embeddings`, :func:`check_labels_tensor`,
+    :func:`check_indices_tuple`; ``ref_emb`` must have the dimension of ``embeddings``."""
+    names = ("embeddings", "labels", "indices_tuple", "ref_emb", "ref_labels")
+    given = dict(zip(names, args))
+    given.update({k: v for k, v in kwargs.items() if k in names})
+    emb = check_embeddings(given.get("embeddings"), "embeddings")
+    ref = given.get("ref_emb")
+    if ref is not None:
+        check_embeddings(ref, "ref_emb")
+        if ref.shape[1] != emb.shape[1]:
+            raise ValueError(f"ref_emb must have the dimension of embeddings ({emb.shape[1]}), "
+                             f"got shape {tuple(ref.shape)}")
+    max_ndim = 2 if hierarchical else 1
+    if given.get("labels") is not None:
+        check_labels_tensor(given["labels"], emb.shape[0], "labels", max_ndim)
+    if ref is not None and given.get("ref_labels") is not None:
+        check_labels_tensor(given["ref_labels"], ref.shape[0], "ref_labels", max_ndim)
+    if given.get("indices_tuple") is not None:
+        check_indices_tuple(given["indices_tuple"], emb.shape[0], emb.shape[0] if ref is None else ref.shape[0])
+
+
+def _check_call_hook(module, args, kwargs):
+    check_loss_call(module, args, kwargs, getattr(module, "_input_check_hierarchical", False))
+    return None
+
+
+def check_inputs_on_call(loss: torch.nn.Module, hierarchical: bool = False) -> None:
+    """Register :func:`check_loss_call` as a forward pre-hook of ``loss`` (after the hook that
+    unwraps hypll ``ManifoldTensor`` arguments); ``hierarchical`` allows (N, K) labels."""
+    loss._input_check_hierarchical = hierarchical
+    loss.register_forward_pre_hook(_check_call_hook, with_kwargs=True)
+
+
+def check_miner_call(module, args, kwargs, hierarchical: bool = False, labels_optional: bool = False) -> None:
+    """The arguments of a miner's ``forward(embeddings, labels, ref_emb, ref_labels)`` (positional
+    or keyword): embeddings and ``ref_emb`` as in :func:`check_embeddings` with one dimension D,
+    labels as in :func:`check_labels_tensor`; ``ref_labels`` required with ``ref_emb`` when labels
+    are given. ``labels_optional``: labels may be None (a pseudo-labeler clusters the batch)."""
+    names = ("embeddings", "labels", "ref_emb", "ref_labels")
+    given = dict(zip(names, args))
+    given.update({k: v for k, v in kwargs.items() if k in names})
+    emb = check_embeddings(given.get("embeddings"), "embeddings")
+    ref = given.get("ref_emb")
+    if ref is not None:
+        check_embeddings(ref, "ref_emb")
+        if ref.shape[1] != emb.shape[1]:
+            raise ValueError(f"ref_emb must have the dimension of embeddings ({emb.shape[1]}), "
+                             f"got shape {tuple(ref.shape)}")
+    max_ndim = 2 if hierarchical else 1
+    labels, ref_labels = given.get("labels"), given.get("ref_labels")
+    if labels is None:
+        if not labels_optional:
+            raise ValueError(f"labels are required: {type(module).__name__} mines by class")
+        return
+    check_labels_tensor(labels, emb.shape[0], "labels", max_ndim)
+    if ref is not None:
+        if ref_labels is None:
+            raise ValueError("ref_labels are required with ref_emb (one label per reference row)")
+        check_labels_tensor(ref_labels, ref.shape[0], "ref_labels", max_ndim)
+
+
+def check_miner_inputs_on_call(miner: torch.nn.Module, hierarchical: bool = False,
+                               labels_optional: bool = False) -> None:
+    """Register :func:`check_miner_call` as a forward pre-hook of ``miner`` (a module-level hook
+    and plain attributes, so that the miner still pickles)."""
+    miner._input_check_hierarchical = hierarchical
+    miner._input_check_labels_optional = labels_optional
+    miner.register_forward_pre_hook(_check_miner_hook, with_kwargs=True)
+
+
+def _check_miner_hook(module, args, kwargs):
+    check_miner_call(module, args, kwargs, getattr(module, "_input_check_hierarchical", False),
+                     getattr(module, "_input_check_labels_optional", False))
+    return None
 
 
 def pair_masks(embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,

@@ -7,7 +7,7 @@ import torch
 
 from .. import poincare_ball as pb
 from ..uncertainty import _check_mode, hyperbolic_uncertainty, uncertainty_ratio_log
-from ._common import check_positive
+from ._common import check_bool, check_positive
 
 
 class UncertaintyFactorMixin:
@@ -17,7 +17,7 @@ class UncertaintyFactorMixin:
             pb.as_curvature(c)  # ValueError naming c; a PoincareGeometry is kept by reference
         self.uncertainty_c = c
         self.clip_r = None if clip_r is None else check_positive(clip_r, "clip_r")
-        self.detach_uncertainty = bool(detach_uncertainty)
+        self.detach_uncertainty = check_bool(detach_uncertainty, "detach_uncertainty")
 
     def _curvature(self):
         if self.uncertainty_c is not None:

@@ -5,7 +5,13 @@ import torch
 
 from pytorch_metric_learning.losses import CrossBatchMemory as _PMLCrossBatchMemory
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import REFERENCE_SET_LOSSES
+from ._common import (
+    REFERENCE_SET_LOSSES,
+    check_embeddings,
+    check_indices_tuple,
+    check_int,
+    check_labels_tensor,
+)
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 
 
@@ -24,8 +30,29 @@ class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
     and HCL's queue of 65,536), which that loss turns back into the label-equality masks it builds
     without them.
 
+    Args:
+        loss: the wrapped loss (PML's supported losses and this package's reference-set losses).
+        embedding_size: D of the embeddings stored, an int ≥ 1.
+        memory_size: entries the memory holds, an int ≥ 1.
+        miner: optional PML miner run against the memory.
+        **kwargs: passed to PML's ``CrossBatchMemory``.
+
+    Raises:
+        TypeError: ``embedding_size`` / ``memory_size`` not an integer (bool and fractions included);
+            at the call, embeddings or labels of a wrong type (see ``forward``).
+        ValueError: ``embedding_size`` / ``memory_size`` < 1; at the call, embeddings not of shape
+            (N, ``embedding_size``) or with NaN/Inf, labels not (N,), a bad ``indices_tuple`` or
+            ``enqueue_mask``.
+
     Design note: docs/design/losses.md
     """
+
+    def __init__(self, loss: torch.nn.Module, embedding_size: int, memory_size: int = 1024,
+                 miner: torch.nn.Module | None = None, **kwargs):
+        embedding_size = check_int(embedding_size, "embedding_size", 1)
+        memory_size = check_int(memory_size, "memory_size", 1)
+        super().__init__(loss, embedding_size, memory_size=memory_size, miner=miner, **kwargs)
+        self.register_forward_pre_hook(_check_memory_call, with_kwargs=True)
 
     def create_indices_tuple(self, embeddings: torch.Tensor, labels: torch.Tensor, E_mem: torch.Tensor,
                              L_mem: torch.Tensor, input_indices_tuple: tuple | None,
@@ -42,3 +69,26 @@ class HyperbolicCrossBatchMemory(AcceptsManifoldTensors, _PMLCrossBatchMemory):
         # reference set (unlike HCL's queue of ball keys, training.hcl_trainer.KeyQueue, which is why
         # it is not in the shared list)
         return _PMLCrossBatchMemory.supported_losses() + list(REFERENCE_SET_LOSSES) + ["HypMixLoss"]
+
+
+def _check_memory_call(module, args, kwargs):
+    """``forward(embeddings, labels, indices_tuple=None, enqueue_mask=None)``: one clear error for
+    bad arguments instead of a failure inside PML's memory update."""
+    names = ("embeddings", "labels", "indices_tuple", "enqueue_mask")
+    given = dict(zip(names, args))
+    given.update({k: v for k, v in kwargs.items() if k in names})
+    emb = check_embeddings(given.get("embeddings"), "embeddings")
+    if emb.shape[1] != module.embedding_size:
+        raise ValueError(f"embeddings must have shape (N, embedding_size={module.embedding_size}), "
+                         f"got {tuple(emb.shape)}")
+    if given.get("labels") is None:
+        raise ValueError("labels are required: the memory stores them with the embeddings")
+    check_labels_tensor(given["labels"], emb.shape[0], "labels")
+    if given.get("indices_tuple") is not None:
+        check_indices_tuple(given["indices_tuple"], emb.shape[0], emb.shape[0])
+    mask = given.get("enqueue_mask")
+    if mask is not None and (not torch.is_tensor(mask) or mask.dtype != torch.bool
+                             or tuple(mask.shape) != (emb.shape[0],)):
+        raise ValueError(f"enqueue_mask must be a bool tensor of shape ({emb.shape[0]},), got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    return None

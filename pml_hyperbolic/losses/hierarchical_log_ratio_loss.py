@@ -12,7 +12,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from ..distances import PoincareDistance
 from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import as_compute, check_positive, sub_loss_reducer_type
+from ._common import as_compute, check_inputs_on_call, check_positive, sub_loss_reducer_type
 
 
 def _per_level_tables(y: torch.Tensor, bins: torch.Tensor, K: int):
@@ -74,6 +74,12 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Raises:
         ValueError: ``omega`` ≤ 1 or ``eps`` ≤ 0; at call time, a ``distance`` that is a similarity
             (``is_inverted``), or ``labels`` / ``ref_labels`` with different numbers of levels.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) or (N, K) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors.
 
     Design note: docs/design/losses.md
     """
@@ -86,6 +92,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.omega = omega
         self.eps = check_positive(eps, "eps")
         self.add_to_recordable_attributes(list_of_names=["omega"], is_stat=False)
+        check_inputs_on_call(self, hierarchical=True)
 
     def get_default_distance(self):
         return PoincareDistance(c=0.1)

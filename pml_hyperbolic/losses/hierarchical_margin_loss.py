@@ -10,7 +10,7 @@ from pytorch_metric_learning.reducers import AvgNonZeroReducer
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
+from ._common import as_compute, check_bool, check_inputs_on_call, check_nonnegative, pair_masks, sub_loss_reducer_type
 from .._batch_utils import self_match_mask
 from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
 
@@ -154,6 +154,13 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         ValueError: ``margin_form`` unknown, ``num_classes`` not a positive int, ``gamma`` or
             ``level_gamma`` negative, ``momentum`` outside [0, 1); at call time, labels outside
             [0, C) or without labels.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) or (N, K) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors; at
+            construction, a boolean flag that is not a bool.
 
     Design note: docs/design/losses.md
     """
@@ -165,7 +172,7 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             raise ValueError(f"margin_form must be one of {MARGIN_FORMS}, got {margin_form!r}")
         self.margin_form = margin_form  # before super().__init__: it calls _sub_loss_names()
         super().__init__(**kwargs)
-        if not isinstance(num_classes, int) or num_classes < 1:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
         self.num_classes = num_classes
         self.gamma = check_nonnegative(gamma, "gamma")
@@ -174,13 +181,14 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         if not momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         self.momentum = momentum
-        self.track_inter_class = bool(track_inter_class)
+        self.track_inter_class = check_bool(track_inter_class, "track_inter_class")
         self.register_buffer("intra_mean", torch.zeros(num_classes))
         self.register_buffer("intra_seen", torch.zeros(num_classes, dtype=torch.bool))
         c2 = num_classes if self.track_inter_class else 0
         self.register_buffer("inter_mean", torch.zeros(c2, c2))
         self.register_buffer("inter_seen", torch.zeros(c2, c2, dtype=torch.bool))
         self.add_to_recordable_attributes(list_of_names=["gamma"], is_stat=False)
+        check_inputs_on_call(self, hierarchical=True)
 
     def get_default_distance(self):
         return PoincareDistance(c=0.1)

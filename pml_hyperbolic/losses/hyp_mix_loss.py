@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..distances.mixed_geometry_distance import MixedGeometryDistance
+from ._common import check_bool
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 
 
@@ -37,6 +38,13 @@ class HypMixLoss(PairwiseCrossEntropyLoss):
     Raises:
         ValueError: as :class:`~pml_hyperbolic.distances.MixedGeometryDistance` for invalid
             curvatures, λ or temperatures.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors; at
+            construction, a boolean flag that is not a bool.
 
     Design note: docs/design/losses.md
     """
@@ -45,6 +53,7 @@ class HypMixLoss(PairwiseCrossEntropyLoss):
                  tau_e: float = 0.05, tau_h: float = 0.2, learnable_lambda: bool = False,
                  clip_r: float | None = 2.3, view_pairs: bool = False,
                  distance: MixedGeometryDistance | None = None, **kwargs):
+        check_bool(learnable_lambda, "learnable_lambda")
         if distance is None:
             distance = MixedGeometryDistance(c=c, lam=lam, tau_e=tau_e, tau_h=tau_h,
                                              learnable_lambda=learnable_lambda, clip_r=clip_r)

@@ -7,7 +7,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import check_positive, pair_masks, similarity_logits
+from ._common import check_bool, check_inputs_on_call, check_positive, pair_masks, similarity_logits
 
 
 class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
@@ -48,6 +48,13 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Raises:
         ValueError: ``temperature`` ≤ 0; at call time with ``view_pairs``, a batch whose classes do
             not all occur the same number m ≥ 2 of times, or a ``ref_emb`` / ``indices_tuple``.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors; at
+            construction, a boolean flag that is not a bool.
 
     Memory: one (B, R) logit matrix (PML's ``NTXentLoss`` builds O(B³)); two with ``view_pairs``.
 
@@ -57,8 +64,9 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def __init__(self, temperature: float = 0.2, view_pairs: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.temperature = check_positive(temperature, "temperature")
-        self.view_pairs = bool(view_pairs)
+        self.view_pairs = check_bool(view_pairs, "view_pairs")
         self.add_to_recordable_attributes(list_of_names=["temperature"], is_stat=False)
+        check_inputs_on_call(self)
 
     def get_default_distance(self):
         return PoincareDistance(c=0.1)

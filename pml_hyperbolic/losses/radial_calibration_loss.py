@@ -11,7 +11,7 @@ from .. import poincare_ball as pb
 from ..distances import PoincareDistance
 from ..geometry import PoincareGeometry
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import check_positive, pair_masks
+from ._common import check_inputs_on_call, check_positive, pair_masks
 
 
 def retrieval_success_target(distances: torch.Tensor, positives: torch.Tensor, candidates: torch.Tensor,
@@ -22,10 +22,27 @@ def retrieval_success_target(distances: torch.Tensor, positives: torch.Tensor, c
 
     ``distances`` (B, R), ``positives`` / ``candidates`` boolean (B, R) masks (candidates ⊇ positives,
     the sample itself excluded). Returns (B,) in [0, 1]; rows without candidates give 0.
+
+    Raises:
+        ValueError: ``temperature`` not a number in [1e-12, 1e12].
     """
+    temperature = check_positive(temperature, "temperature")
     logits = (-distances / temperature).masked_fill(~candidates, -math.inf)
     weights = torch.softmax(logits, dim=1).nan_to_num(0.0)  # an all -inf row gives NaN: no candidates
     return (weights * positives).sum(dim=1)
+
+
+def targets_tolerance(target: torch.Tensor) -> float:
+    """Spread below which targets count as equal: 32 ulps of 1 in ``target``'s dtype (float32 at
+    least), above the rounding of a softmax mass summed over thousands of candidates."""
+    return 32.0 * torch.finfo(torch.promote_types(target.dtype, torch.float32)).eps
+
+
+def targets_carry_no_information(target: torch.Tensor) -> bool:
+    """True when ``target`` has fewer than two entries or all are equal up to :func:`targets_tolerance`."""
+    if target.numel() < 2:
+        return True
+    return bool((target.max() - target.min()) <= targets_tolerance(target))
 
 
 def radius_ranking_loss(d0: torch.Tensor, target: torch.Tensor, scale: float) -> torch.Tensor:
@@ -35,8 +52,19 @@ def radius_ranking_loss(d0: torch.Tensor, target: torch.Tensor, scale: float) ->
               \qquad w_{ij} = \max(0,\ q_i - q_j)
 
     (a smooth surrogate of "the better retrieved sample sits farther from the origin", weighted by how
-    much better). ``d0`` (B,), ``target`` q (B,), no gradient through q. 0 when all targets are equal.
+    much better). ``d0`` (B,), ``target`` q (B,), no gradient through q.
+
+    Returns exactly 0 (connected to ``d0``, zero gradient) when the targets carry no information:
+    all equal up to :func:`targets_tolerance` (a softmax mass that is 1 in exact arithmetic differs
+    by rounding only, and the weights are normalised by their sum, so that rounding noise would
+    otherwise be scaled up to a full-size loss).
+
+    Raises:
+        ValueError: ``scale`` not a number in [1e-12, 1e12].
     """
+    scale = check_positive(scale, "scale")
+    if targets_carry_no_information(target):
+        return d0.sum() * 0.0
     w = (target[:, None] - target[None, :]).clamp_min(0)
     margin = (d0[:, None] - d0[None, :]) / scale
     total = w.sum()
@@ -65,7 +93,8 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     (early in training most q are small), which shrinks all distances and costs recall.
 
     Anchors without a positive in the reference set are left out (their q would be 0 by construction);
-    a batch with fewer than two anchors gives ``zero_losses()``. ``indices_tuple`` (a miner's pairs)
+    a batch with fewer than two anchors gives ``zero_losses()``, and a batch whose targets are all
+    equal up to rounding (e.g. every label the same: every q is 1) gives exactly 0 with zero gradient. ``indices_tuple`` (a miner's pairs)
     restricts P(i) and the softmax to the mined pairs, as in :class:`PairwiseCrossEntropyLoss`.
 
     Args:
@@ -78,6 +107,12 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     Raises:
         ValueError: ``c`` is not a ``PoincareGeometry``, or ``temperature`` / ``scale`` ≤ 0.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors.
 
     Design note: docs/design/losses.md
     """
@@ -93,6 +128,7 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.temperature = check_positive(temperature, "temperature")
         self.scale = check_positive(scale, "scale")
         self.add_to_recordable_attributes(list_of_names=["temperature", "scale"], is_stat=False)
+        check_inputs_on_call(self)
 
     def get_default_reducer(self):
         return MeanReducer()
@@ -110,5 +146,9 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             distances = distances.to(torch.promote_types(distances.dtype, torch.float32))
             target = retrieval_success_target(distances, pos, pos | neg, self.temperature)
         d0 = self.geometry.dist0(embeddings).reshape(-1)[anchors]
-        loss = radius_ranking_loss(d0, target[anchors].to(d0.dtype), self.scale)
+        target = target[anchors]
+        if targets_carry_no_information(target):  # checked before a cast to a half-precision d0
+            loss = d0.sum() * 0.0
+        else:
+            loss = radius_ranking_loss(d0, target.to(d0.dtype), self.scale)
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}

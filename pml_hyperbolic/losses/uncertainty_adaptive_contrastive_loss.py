@@ -7,7 +7,7 @@ from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import check_positive, pair_masks, similarity_logits
+from ._common import check_inputs_on_call, check_positive, pair_masks, similarity_logits
 from ._uncertainty_mixin import UncertaintyFactorMixin
 
 
@@ -47,6 +47,13 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
 
     Raises:
         ValueError: ``scale`` or ``min_temperature`` ≤ 0, an unknown ``scale_rule`` or ``mode``.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors; at
+            construction, a boolean flag that is not a bool.
 
     Design note: docs/design/losses.md
     """
@@ -62,6 +69,7 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
         self.min_temperature = check_positive(min_temperature, "min_temperature")
         self._init_uncertainty(mode, c, clip_r, detach_uncertainty)
         self.add_to_recordable_attributes(list_of_names=["scale", "min_temperature"], is_stat=False)
+        check_inputs_on_call(self)
 
     def get_default_distance(self):
         return PoincareDistance(c=0.1)

@@ -10,7 +10,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from .. import poincare_ball as pb
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
-from ._common import as_compute, check_nonnegative, pair_masks, sub_loss_reducer_type
+from ._common import as_compute, check_inputs_on_call, check_nonnegative, pair_masks, sub_loss_reducer_type
 from ._uncertainty_mixin import UncertaintyFactorMixin
 
 
@@ -51,6 +51,13 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
 
     Raises:
         ValueError: ``margin_scale`` < 0 or an unknown ``mode``.
+        ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            ``indices_tuple`` that is malformed or indexes out of range. Numeric
+            hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
+        TypeError: at call time, embeddings that are not floating-point tensors, labels that are
+            not tensors, or an ``indices_tuple`` that is not a tuple of integer tensors; at
+            construction, a boolean flag that is not a bool.
 
     Design note: docs/design/losses.md
     """
@@ -61,6 +68,7 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
         super().__init__(**kwargs)
         self.margin_scale = None if margin_scale is None else check_nonnegative(margin_scale, "margin_scale")
         self._init_uncertainty(mode, c, clip_r, detach_uncertainty)
+        check_inputs_on_call(self)
 
     def get_default_distance(self):
         return PoincareDistance(c=0.1)

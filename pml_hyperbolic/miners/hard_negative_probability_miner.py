@@ -7,8 +7,8 @@ from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
+from ..losses._common import check_bool, check_miner_inputs_on_call, check_positive
 from .._batch_utils import (
-    check_positive_number,
     check_threshold,
     check_top_k,
     join_pairs_to_triplets,
@@ -65,6 +65,14 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
         top_k: negatives kept per anchor (int ≥ 1) or ``None``.
         include_positives: whether positives are part of the softmax (see above).
 
+    Raises:
+        ValueError: ``temperature`` not in [1e-12, 1e12], ``threshold`` outside (0, 1], ``top_k``
+            not an integer ≥ 1; at call time, embeddings not (N, D) or with NaN/Inf, missing
+            labels, labels not integer (N,), ``ref_emb`` of another dimension or without
+            ``ref_labels``.
+        TypeError: ``include_positives`` not a bool; at call time, embeddings that are not
+            floating-point tensors or labels that are not tensors.
+
     Design note: docs/design/miners.md
     """
 
@@ -80,13 +88,14 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
         if distance is None:
             distance = PoincareDistance(c=0.1)
         super().__init__(distance=distance, **kwargs)
-        self.temperature = check_positive_number(temperature, "temperature")
+        self.temperature = check_positive(temperature, "temperature")
         self.threshold = check_threshold(threshold, "threshold")
         self.top_k = check_top_k(top_k, "top_k")
-        self.include_positives = bool(include_positives)
+        self.include_positives = check_bool(include_positives, "include_positives")
         self.add_to_recordable_attributes(
             list_of_names=["temperature", "threshold"], is_stat=False
         )
+        check_miner_inputs_on_call(self)
 
     # ----------------------------------------------------------------------------------------
     def _masks(self, embeddings, labels, ref_emb, ref_labels):

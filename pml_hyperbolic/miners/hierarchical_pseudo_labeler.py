@@ -115,6 +115,12 @@ class HierarchicalPseudoLabeler:
     hierarchy row of each finest-level cluster id; since the levels are nested, the finest id
     determines the whole row; :class:`HierarchicalSimilarityMiner` uses it to decode 1-D labels).
 
+    Raises:
+        ValueError: ``levels`` / ``distance_thresholds`` malformed or both given, a bad ``c``,
+            integer arguments (``exact_max_samples``, ``n_fine_clusters``, ``samples_per_cluster``,
+            ``kmeans_iterations``, ``kmeans_points_per_cluster``, ``seed``) that are not integers
+            at their minimum or above (bool included).
+
     Design note: docs/design/miners.md
     """
 
@@ -151,7 +157,7 @@ class HierarchicalPseudoLabeler:
         self.samples_per_cluster = _check_int(samples_per_cluster, "samples_per_cluster", 1)
         self.kmeans_iterations = _check_int(kmeans_iterations, "kmeans_iterations", 1)
         self.kmeans_points_per_cluster = _check_int(kmeans_points_per_cluster, "kmeans_points_per_cluster", 1)
-        self.seed = int(seed)
+        self.seed = _check_int(seed, "seed", 0)
 
     @property
     def num_levels(self) -> int:

@@ -10,6 +10,7 @@ from pytorch_metric_learning.utils import common_functions as c_f
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
+from ..losses._common import check_bool, check_int, check_miner_inputs_on_call
 from .._batch_utils import self_match_mask
 from .hierarchical_pseudo_labeler import HierarchicalPseudoLabeler
 from ..hierarchy_levels import as_hierarchical_labels, pairwise_first_shared_level
@@ -50,6 +51,14 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
             all ordered triplets, the loss being a regression target for each).
         seed: seed of the sampler (``None``: the global torch RNG).
 
+    Raises:
+        ValueError: ``pseudo_labeler`` of another type, ``triplets_per_anchor`` not an integer ≥ 1,
+            ``seed`` < 0; at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
+            (N,) / (N, K) with one row per embedding, ``ref_emb`` of another dimension or without
+            ``ref_labels``, or no labels and no ``pseudo_labeler``.
+        TypeError: ``violating_only`` not a bool or ``seed`` not an integer; at call time,
+            embeddings that are not floating-point tensors or labels that are not tensors.
+
     Design note: docs/design/miners.md
     """
 
@@ -75,9 +84,10 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
             raise ValueError(f"triplets_per_anchor must be None or an integer >= 1, got {triplets_per_anchor!r}")
         self.pseudo_labeler = pseudo_labeler
         self.triplets_per_anchor = triplets_per_anchor
-        self.violating_only = bool(violating_only)
-        self.seed = seed
+        self.violating_only = check_bool(violating_only, "violating_only")
+        self.seed = None if seed is None else check_int(seed, "seed", 0)
         self._generator = None
+        check_miner_inputs_on_call(self, hierarchical=True, labels_optional=True)
 
     # ------------------------------------------------------------------------------------------
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None,

@@ -40,12 +40,29 @@ def weighted_average_linkage(dist: np.ndarray, sizes: np.ndarray | None = None) 
 
     Returns an (n − 1) × 3 float64 array of merges ``(a, b, height)`` sorted by height, where
     a and b are *leaf* indices, one from each merged cluster (the format :func:`cut_merges` takes).
+
+    Raises:
+        ValueError: ``dist`` not a square matrix of finite numbers ≥ 0, or ``sizes`` not n finite
+            numbers > 0.
     """
-    d = np.array(dist, dtype=np.float64, copy=True)
-    n = d.shape[0]
-    if d.shape != (n, n):
+    try:
+        d = np.array(dist, dtype=np.float64, copy=True)
+    except (TypeError, ValueError):
+        raise ValueError(f"dist must be a square matrix of numbers, got {type(dist).__name__}") from None
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"dist must be square, got shape {d.shape}")
-    w = np.ones(n) if sizes is None else np.asarray(sizes, dtype=np.float64).copy()
+    n = d.shape[0]
+    if not np.isfinite(d).all() or (d < 0).any():
+        raise ValueError("dist must hold finite distances >= 0 (NaN, Inf or negative entries found)")
+    if sizes is None:
+        w = np.ones(n)
+    else:
+        try:
+            w = np.asarray(sizes, dtype=np.float64).copy()
+        except (TypeError, ValueError):
+            raise ValueError(f"sizes must be {n} numbers > 0, got {sizes!r}") from None
+        if w.shape != (n,) or not (np.isfinite(w).all() and (w > 0).all()):
+            raise ValueError(f"sizes must be {n} finite numbers > 0 (one per node), got shape {w.shape}")
     if n <= 1:
         return np.zeros((0, 3))
     np.fill_diagonal(d, np.inf)
@@ -85,8 +102,14 @@ def weighted_average_linkage(dist: np.ndarray, sizes: np.ndarray | None = None) 
 
 
 def linkage_to_merges(linkage_matrix: np.ndarray) -> np.ndarray:
-    """Convert a scipy linkage matrix (cluster ids ≥ n are merges) to ``(leaf_a, leaf_b, h)``."""
+    """Convert a scipy linkage matrix (cluster ids ≥ n are merges) to ``(leaf_a, leaf_b, h)``.
+
+    Raises:
+        ValueError: ``linkage_matrix`` is not an (n − 1) × 4 array.
+    """
     z = np.asarray(linkage_matrix)
+    if z.ndim != 2 or z.shape[1] != 4:
+        raise ValueError(f"linkage_matrix must be a scipy linkage matrix ((n - 1) x 4), got shape {z.shape}")
     n = z.shape[0] + 1
     rep = np.arange(2 * n - 1)
     out = np.empty((n - 1, 3))
@@ -115,11 +138,33 @@ def cut_merges(merges: np.ndarray, n: int, n_clusters: Sequence[int] | None = No
     merges of height ≤ ``thresholds[k]`` (increasing). Both are prefixes of one merge sequence,
     so the levels are nested. Cluster ids at each level are 0..n_k − 1 in order of the smallest
     leaf they contain.
+
+    Raises:
+        ValueError: ``merges`` not an m × 3 array with m < ``n``, leaf indices outside [0, ``n``)
+            or non-finite heights; ``n`` not an integer ≥ 1; neither
+            or both of ``n_clusters`` / ``thresholds``; cluster counts that are not integers in
+            [1, ``n``]; thresholds that are not finite numbers.
     """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    merges = np.asarray(merges)
+    if merges.ndim != 2 or merges.shape[1] != 3 or merges.shape[0] > n - 1:
+        raise ValueError(f"merges must be an m x 3 array (leaf_a, leaf_b, height) with m < n = {n}, "
+                         f"got shape {merges.shape}")
+    if len(merges) and not (np.isfinite(merges).all() and (merges[:, :2] >= 0).all() and (merges[:, :2] < n).all()):
+        raise ValueError(f"merges must hold leaf indices in [0, n = {n}) and finite heights")
+    if (n_clusters is None) == (thresholds is None):
+        raise ValueError("give exactly one of n_clusters or thresholds")
     parent = np.arange(n)
     if n_clusters is not None:
+        for m in n_clusters:
+            if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 1 <= m <= n:
+                raise ValueError(f"n_clusters must hold integers in [1, n = {n}], got {list(n_clusters)!r}")
         stops = [n - int(m) for m in n_clusters]
     else:
+        for t in thresholds:
+            if isinstance(t, bool) or not isinstance(t, (int, float, np.floating, np.integer)) or not np.isfinite(t):
+                raise ValueError(f"thresholds must hold finite numbers, got {list(thresholds)!r}")
         heights = merges[:, 2] if len(merges) else np.zeros(0)
         stops = [int(np.searchsorted(heights, t, side="right")) for t in thresholds]
     labels = np.empty((n, len(stops)), dtype=np.int64)

@@ -10,6 +10,7 @@ from pytorch_metric_learning.miners import BaseMiner
 
 from ..distances import PoincareDistance
 from ..manifold_tensors import AcceptsManifoldTensors
+from ..losses._common import check_bool, check_miner_inputs_on_call, check_positive
 from .._batch_utils import join_pairs_to_triplets
 from .hard_negative_probability_miner import HardNegativeProbabilityMiner
 
@@ -53,6 +54,13 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
         top_k: as in :class:`HardNegativeProbabilityMiner`; a scalar or one value per geometry.
         include_positives: as in :class:`HardNegativeProbabilityMiner` (default True).
 
+    Raises:
+        ValueError: an empty ``distances`` list, per-distance lists of another length, a
+            temperature not in [1e-12, 1e12], or the call-time errors of
+            :class:`HardNegativeProbabilityMiner`.
+        TypeError: ``include_positives`` not a bool, or the call-time errors of
+            :class:`HardNegativeProbabilityMiner`.
+
     Design note: docs/design/miners.md
     """
 
@@ -71,6 +79,8 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
             raise ValueError("distances must be a non-empty list of PML distances")
         n = len(distances)
         temperatures = _per_distance(temperatures, n, "temperatures")
+        temperatures = [check_positive(t, f"temperatures[{i}]") for i, t in enumerate(temperatures)]
+        check_bool(include_positives, "include_positives")
         thresholds = _per_distance(threshold, n, "threshold")
         top_ks = _per_distance(top_k, n, "top_k")
         super().__init__(**kwargs)
@@ -85,6 +95,7 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
             list_of_names=["num_triplets_per_geometry"], is_stat=True
         )
         self.num_triplets_per_geometry = [0] * n
+        check_miner_inputs_on_call(self)
 
     def mine(self, embeddings: torch.Tensor, labels: torch.Tensor, ref_emb: torch.Tensor,
              ref_labels: torch.Tensor):

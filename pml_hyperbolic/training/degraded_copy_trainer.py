@@ -43,7 +43,9 @@ class DegradedCopyTrainer(HyperbolicTrainer):
         **kwargs: :class:`HyperbolicTrainer` keyword arguments.
 
     Raises:
-        ValueError: ``copy_fraction`` outside (0, 1], or no ``degraded_copy_loss`` in ``loss_funcs``.
+        ValueError: ``copy_fraction`` not a number in (0, 1] (bool and str included), or no
+            ``degraded_copy_loss`` in ``loss_funcs``.
+        TypeError: ``degradation`` is neither None nor callable.
 
     Design note: docs/design/training.md
     """
@@ -51,11 +53,16 @@ class DegradedCopyTrainer(HyperbolicTrainer):
     def __init__(self, *args: Any, degradation: Optional[Callable] = None, copy_fraction: float = 0.25,
                  **kwargs: Any):
         try:
+            if isinstance(copy_fraction, (bool, str, bytes)):
+                raise TypeError
             copy_fraction = float(copy_fraction)
         except (TypeError, ValueError):
             raise ValueError(f"copy_fraction must be a number in (0, 1], got {copy_fraction!r}") from None
         if not 0.0 < copy_fraction <= 1.0:
             raise ValueError(f"copy_fraction must be in (0, 1], got {copy_fraction}")
+        if degradation is not None and not callable(degradation):
+            raise TypeError(f"degradation must be a callable (images -> degraded images) or None, got "
+                            f"{type(degradation).__name__}")
         if degradation is None:
             from ..data.degradations import RandomDegradation
 
