@@ -7,16 +7,6 @@ import torch
 from torch import Tensor
 
 
-def check_positive_number(value: float, name: str) -> float:
-    """Return ``value`` as a float; ``ValueError`` naming ``name`` unless finite and > 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    value = float(value)
-    if not (value > 0.0 and value != float("inf")):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
-
-
 def check_threshold(value: float | None, name: str = "threshold"):
     """``None`` or a float in (0, 1]; ``ValueError`` naming ``name`` otherwise."""
     if value is None:

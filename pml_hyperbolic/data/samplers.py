@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..losses._common import check_int
+from .._checks import check_int
 
 
 def _distributed_rank_and_world_size():

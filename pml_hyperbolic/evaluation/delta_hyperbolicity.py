@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .. import poincare_ball as pb
-from ..losses._common import check_bool, check_int, check_positive
+from .._checks import check_bool, check_int, check_positive
 from ..threads import limited_threads, uncontended_threads
 
 BLOCK_ROWS = 16
