@@ -1,7 +1,6 @@
 """Private helpers shared by the losses (argument checks, pair masks, dtype handling)."""
 from __future__ import annotations
 
-
 import torch
 from pytorch_metric_learning.reducers import MultipleReducers
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
