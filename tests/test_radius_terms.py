@@ -361,6 +361,18 @@ def test_calibration_all_labels_equal_is_exactly_zero_with_zero_gradient(dtype, 
     assert float(x.grad.abs().max()) == 0.0
 
 
+def test_calibration_takes_hierarchical_labels_by_their_finest_level():
+    # the unsupervised recipe hands (N, K) pseudo-labels (finest first) to every loss of its
+    # MultipleLosses: the calibration uses the finest column, as with (N,) labels
+    torch.manual_seed(0)
+    x = torch.randn(24, 4) * 0.5
+    fine = torch.arange(24) // 3
+    loss = RadialCalibrationLoss(c=geometry())
+    flat = loss(x, fine)
+    assert torch.equal(loss(x, fine[:, None]), flat)
+    assert torch.equal(loss(x, torch.stack([fine, fine // 4], dim=1)), flat)
+
+
 def test_ranking_loss_ignores_rounding_noise_in_the_targets():
     d0 = torch.tensor([0.1, 0.5, 0.9], requires_grad=True)
     target = torch.tensor([1.0, 1.0 - 1.2e-7, 1.0 - 2.4e-7])  # equal up to float32 rounding

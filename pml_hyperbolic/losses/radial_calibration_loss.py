@@ -108,7 +108,8 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Raises:
         ValueError: ``c`` is not a ``PoincareGeometry``, or ``temperature`` / ``scale`` ≤ 0.
         ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
-            (N,) with one row per embedding, a ``ref_emb`` of another dimension, or an
+            (N,) or (N, K) with one row per embedding (of (N, K) hierarchical labels, finest level
+            first, the finest column defines the positives), a ``ref_emb`` of another dimension, or an
             ``indices_tuple`` that is malformed or indexes out of range. Numeric
             hyperparameters above 1e12, or positive ones below 1e-12, are rejected at construction.
         TypeError: at call time, embeddings that are not floating-point tensors, labels that are
@@ -128,7 +129,18 @@ class RadialCalibrationLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.temperature = check_positive(temperature, "temperature")
         self.scale = check_positive(scale, "scale")
         self.add_to_recordable_attributes(list_of_names=["temperature", "scale"], is_stat=False)
-        check_inputs_on_call(self)
+        check_inputs_on_call(self, hierarchical=True)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor | None = None,
+                indices_tuple: tuple | None = None, ref_emb: torch.Tensor | None = None,
+                ref_labels: torch.Tensor | None = None):
+        """As PML's forward; (N, K) hierarchical labels (finest level first, as the unsupervised
+        recipe passes them to every loss of its ``MultipleLosses``) count by their finest column."""
+        if labels is not None and labels.ndim == 2:
+            labels = labels[:, 0]
+        if ref_labels is not None and ref_labels.ndim == 2:
+            ref_labels = ref_labels[:, 0]
+        return super().forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)
 
     def get_default_reducer(self):
         return MeanReducer()
