@@ -1,5 +1,5 @@
 """Evaluation and geometry analysis: Recall@K, exact hyperbolic kNN, δ-hyperbolicity,
-uncertainty-vs-recall, Poincaré-disk plots, retrieval grids.
+uncertainty-vs-recall, radius health, Poincaré-disk plots, retrieval grids.
 
 Design note: docs/design/evaluation.md
 """
@@ -9,6 +9,7 @@ from .delta_hyperbolicity import gromov_delta, relative_delta, suggest_curvature
 from .hyperbolic_index import HyperbolicIndex
 from .hyperbolic_knn import HyperbolicKNN
 from .poincare_disk_plot import plot_poincare_disk
+from .radius_health import RadiusCollapseWarning, RadiusReport, check_radius, radius_collapse
 from .recall_at_k import RecallAtKAccuracyCalculator
 from .retrieval_grid import plot_retrieval_grid, plot_retrieval_grid_from_embeddings
 from .uncertainty_recall import plot_uncertainty_vs_recall, uncertainty_failure_auroc, uncertainty_recall_table
@@ -23,6 +24,10 @@ __all__ = [
     "uncertainty_recall_table",
     "uncertainty_failure_auroc",
     "plot_uncertainty_vs_recall",
+    "radius_collapse",
+    "check_radius",
+    "RadiusReport",
+    "RadiusCollapseWarning",
     "plot_poincare_disk",
     "plot_retrieval_grid",
     "plot_retrieval_grid_from_embeddings",

@@ -284,15 +284,24 @@ class Evaluator:
         eval_sets: split name → dataset.
         splits_to_eval: ``[(query_split, [reference_splits])]`` (see :func:`eval_protocol`).
         k_values: the K of Recall@K.
+        geometry: the ball of the scored embeddings, or None (not ball points). When given, each
+            evaluation after training began (epoch >= 1) checks the query embeddings' radius
+            (:func:`~pml_hyperbolic.evaluation.radius_collapse`, kept in ``radius_report``) and
+            the first collapse found issues one ``RadiusCollapseWarning`` per evaluator. Epoch 0
+            is skipped: the polar head starts every sample at one radius.
     """
 
     def __init__(self, tester: GlobalEmbeddingSpaceTester, eval_sets: Dict,
-                 splits_to_eval: Sequence[Tuple[str, Sequence[str]]], k_values: Sequence[int]):
+                 splits_to_eval: Sequence[Tuple[str, Sequence[str]]], k_values: Sequence[int],
+                 geometry: Optional[Any] = None):
         self.tester = tester
         self.eval_sets = eval_sets
         self.splits_to_eval = splits_to_eval
         self.k_values = list(k_values)
         self.last_embeddings = None
+        self.geometry = geometry
+        self.radius_report = None  # the last evaluation's RadiusReport (None: healthy or unchecked)
+        self._radius_warned = False
 
     def __call__(self, trunk: torch.nn.Module, embedder: torch.nn.Module, epoch: int) -> Dict[str, float]:
         """``{"recall_at_K": value}`` of the first query split; the modules' modes are restored."""
@@ -314,9 +323,24 @@ class Evaluator:
         # The tester deletes its embeddings after testing; capture_hook (its end_of_testing_hook)
         # kept the query split's embeddings for the end-of-run plots.
         self.last_embeddings = getattr(self, "_captured", None)
+        self.check_radius(epoch)
         trunk.train(modes[0])
         embedder.train(modes[1])
         return recall_from_accuracies({query_split: accuracies[query_split]}, self.k_values)
+
+    def check_radius(self, epoch: int) -> None:
+        """Set ``radius_report`` from the captured query embeddings (see the class text)."""
+        from ..evaluation.radius_health import check_radius, radius_collapse
+
+        self.radius_report = None
+        if self.geometry is None or epoch < 1 or self.last_embeddings is None:
+            return
+        if self._radius_warned:  # one warning per run, not one per epoch
+            self.radius_report = radius_collapse(self.last_embeddings[0], self.geometry, what="test queries")
+        else:
+            self.radius_report = check_radius(self.last_embeddings[0], self.geometry, what="test queries",
+                                              stacklevel=3)
+            self._radius_warned = self.radius_report is not None
 
     def capture_hook(self, tester: GlobalEmbeddingSpaceTester) -> None:
         split, refs = self.splits_to_eval[0][0], list(self.splits_to_eval[0][1])

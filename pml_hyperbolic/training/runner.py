@@ -331,7 +331,8 @@ class Recipe(RecipeCommandLine):
                                                **({"clip_r": clip} if clip is not None else {}))
         # The plot is drawn for every hyperbolic recipe; only Hyp-UML (whose loss uses the uncertainty)
         # explains a degenerate one. Its bins are printed in the end-of-run summary.
-        if self.reports_uncertainty and len(table) == 1:
+        radius_said = getattr(getattr(self, "evaluator", None), "radius_report", None) is not None  # in the summary
+        if self.reports_uncertainty and len(table) == 1 and not radius_said:
             self.say("[pml-hyperbolic] every test embedding sits at the clip radius, so the Hyp-UML uncertainty "
                      "is the same for all of them: the uncertainty-vs-recall plot has one bin (and an "
                      "uncertainty-adaptive loss acts as its fixed-temperature/margin form).")
@@ -636,7 +637,8 @@ class Recipe(RecipeCommandLine):
 
         tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers,
                               use_trunk_output=not self.evaluate_head)
-        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values).install()
+        evaluator = Evaluator(tester, self.eval_sets, self.splits_to_eval, a.k_values,
+                              geometry=self.geometry if self.hyperbolic and self.evaluate_head else None).install()
         self.evaluator = evaluator  # its last_embeddings: the plots, and benches that score them further
         hook = EpochEndEvaluator(
             evaluator, checkpoints, run_logger, self.ctx, a.k_values,
@@ -733,6 +735,7 @@ class Recipe(RecipeCommandLine):
                 "world_size": self.ctx.world_size, "run_dir": self.run_dir,
                 "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
                 "uncertainty_failure_auroc": getattr(self, "uncertainty_auroc", None),
+                "radius_collapse": evaluator.radius_report.as_dict() if evaluator.radius_report else None,
                 "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()},
                 "tensorboard_logging": run_logger.tensorboard_active,
             }
@@ -773,7 +776,8 @@ PHASE_ORDER = ("data", "model", "eval before", "training", "eval after", "plots"
 def format_summary(results: Dict, k_values: Sequence[int], results_path: Optional[str],
                    checkpoint_paths: Sequence[str], uncertainty_bins: bool = False) -> str:
     """The end-of-run summary (~8 lines): Recall@K before/after for each K, the time of each phase,
-    and where the results, checkpoints and plots are.
+    and where the results, checkpoints and plots are; one more line when the test embeddings' radius
+    collapsed (``results["radius_collapse"]``).
 
     Args:
         results: the run's ``results.json`` payload.
@@ -803,6 +807,9 @@ def format_summary(results: Dict, k_values: Sequence[int], results_path: Optiona
     auroc = results.get("uncertainty_failure_auroc")
     if uncertainty_bins and auroc is not None and auroc == auroc:
         lines.append(f"  uncertainty AUROC for a wrong top-1: {auroc:.3f} (0.5 = no information)")
+    collapse = results.get("radius_collapse")
+    if collapse:  # see pml_hyperbolic.evaluation.radius_health
+        lines.append(f"  {collapse['summary']}")
     phases = results.get("phase_seconds") or {}
     if phases:
         lines.append("  time    " + " | ".join(f"{name} {phases[name]:.1f} s" for name in PHASE_ORDER
