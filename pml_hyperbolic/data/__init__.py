@@ -13,6 +13,8 @@ _EXPORTS = {
     "OnlineProductsDataset": ".benchmarks",
     "BUNDLED_GLYPHS_PATH": ".glyphs",
     "GlyphDataset": ".glyphs",
+    "BUNDLED_ICONS_PATH": ".icons",
+    "IconDataset": ".icons",
     "DatasetNotFoundError": ".image_list",
     "ImageListDataset": ".image_list",
     "collate_skipping_unreadable": ".image_list",
@@ -26,12 +28,14 @@ _EXPORTS = {
 
 __all__ = [
     "BUNDLED_GLYPHS_PATH",
+    "BUNDLED_ICONS_PATH",
     "CUB200Dataset",
     "Cars196Dataset",
     "ClassBalancedBatchSampler",
     "ConvertToRGB",
     "DatasetNotFoundError",
     "GlyphDataset",
+    "IconDataset",
     "ImageListDataset",
     "InShopDataset",
     "OnlineProductsDataset",
