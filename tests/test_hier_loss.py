@@ -566,3 +566,13 @@ def test_indices_tuple_as_lists_or_tensors_gives_one_loss():
     as_lists = loss(X, Y, indices_tuple=([0, 2], [4, 6], [1, 7]))
     as_tensors = loss(X, Y, indices_tuple=tuple(torch.tensor(v, dtype=torch.int32) for v in ([0, 2], [4, 6], [1, 7])))
     assert torch.equal(as_lists, as_tensors)
+
+
+def test_reference_set_without_its_labels_is_one_clear_error():
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    geometry = PoincareGeometry()
+    x = geometry.to_ball(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
+    loss = HIERLoss(embedding_size=4, num_proxies=8, c=geometry)
+    with pytest.raises(ValueError, match="ref_labels is required with ref_emb"):
+        loss(x, torch.arange(8) % 4, ref_emb=x.clone())

@@ -206,7 +206,8 @@ def test_valid_indices_tuple_still_works(name):
     assert torch.isfinite(out)
 
 
-@pytest.mark.parametrize("kind", ["short ref_labels", "ref_emb of another dimension", "NaN ref_emb"])
+@pytest.mark.parametrize("kind", ["short ref_labels", "ref_emb of another dimension", "NaN ref_emb",
+                                  "ref_emb without ref_labels"])
 @pytest.mark.parametrize("name", sorted(set(LABELLED) - {"HypMixLoss"}))
 def test_bad_reference_set_is_a_clear_error(name, kind):
     make, _ = LOSSES[name]
@@ -216,6 +217,8 @@ def test_bad_reference_set_is_a_clear_error(name, kind):
         ry = ry[:-1]
     elif kind == "ref_emb of another dimension":
         r = torch.randn(len(ry), 5) * 0.3
+    elif kind == "ref_emb without ref_labels":
+        ry = None
     else:
         r = r.index_fill(0, torch.tensor([0]), NAN)
     assert_clear(lambda: make()(x, y, ref_emb=r, ref_labels=ry), "ref_emb", "ref_labels", "NaN/Inf", "dimension",

@@ -104,6 +104,10 @@ def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
             raise ValueError(f"ref_emb must have the dimension of embeddings ({emb.shape[1]}), "
                              f"got shape {tuple(ref.shape)}")
     max_ndim = 2 if hierarchical else 1
+    if (ref is not None and given.get("ref_labels") is None and given.get("labels") is not None
+            and given.get("indices_tuple") is None):
+        raise ValueError("ref_labels is required with ref_emb (the positives are pairs of equal labels "
+                         "across the batch and the reference set)")
     if given.get("labels") is not None:
         check_labels_tensor(given["labels"], emb.shape[0], "labels", max_ndim)
     if ref is not None and given.get("ref_labels") is not None:

@@ -617,6 +617,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     # ---- PML entry point -------------------------------------------------------------------
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
+        if ref_emb is not None and ref_labels is None and indices_tuple is None and labels is not None:
+            raise ValueError("ref_labels is required with ref_emb (the positives are pairs of equal labels "
+                             "across the batch and the reference set)")
         # Half precision is computed in float32. Upcast before PML's forward: its MultipleReducers
         # (two sub-losses) would otherwise add them up in the embeddings' (half) dtype.
         half = (torch.float16, torch.bfloat16)
