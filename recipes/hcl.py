@@ -14,7 +14,8 @@ import math
 import os
 
 from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeCommandLine  # torch-free
-from pml_hyperbolic.training.config import nonnegative_float, positive_float, positive_int, unit_fraction
+from pml_hyperbolic.training.config import (DATASET_ALIASES, nonnegative_float, positive_float, positive_int,
+                                            unit_fraction)
 from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # torch-free
                                              HCL_GLYPH_TRUNK_LR, HCL_GLYPH_VIEW_AUGMENTATION,
                                              HCL_PAPER_HYPERBOLIC_WEIGHT)
@@ -75,6 +76,10 @@ class HCL(RecipeCommandLine):
 
     @classmethod
     def preflight(cls, args):
+        if DATASET_ALIASES[args.dataset] == "icons":
+            raise ConfigError("--dataset icons is not supported by hcl: its scenes are composed from the bundled "
+                              "glyphs (the default), or read from COCO-style data with --annotations FILE "
+                              "--images-dir DIR. Drop --dataset icons.")
         super().preflight(args)
         if args.max_objects < 2:
             raise ConfigError(f"--max-objects must be >= 2 (a scene holds 2..max-objects objects), got {args.max_objects}")

@@ -16,8 +16,8 @@ report Recall@K.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import (finite_positive_float, greater_than_one, nonnegative_float,
-                                            nonnegative_int, positive_int)
+from pml_hyperbolic.training.config import (BUNDLED_DATASETS, finite_positive_float, greater_than_one,
+                                            nonnegative_float, nonnegative_int, positive_int)
 from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
@@ -39,8 +39,9 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
     @classmethod
     def presets(cls, args):
         preset = super().presets(args)
-        if args.supervised and cls.resolved_dataset(args) == "glyphs":
-            # the margin loss's head rate, chosen on glyph validation carves (docs/design/recipe-defaults.md)
+        if args.supervised and cls.resolved_dataset(args) in BUNDLED_DATASETS:
+            # the margin loss's head rate, chosen on glyph validation carves (docs/design/recipe-defaults.md);
+            # the icons reuse it, as they reuse the rest of the glyph preset
             preset["head_lr"] = HIER_MARGIN_GLYPH_HEAD_LR
         return preset
 
@@ -61,7 +62,7 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
         g = parser.add_argument_group("unsupervised hyperbolic metric learning")
         g.add_argument("--supervised", action="store_true",
                        help="Train HierarchicalMarginLoss on the real labels instead of pseudo-labels (bundled "
-                            f"glyphs: --head-lr {HIER_MARGIN_GLYPH_HEAD_LR:g} by default).")
+                            f"glyphs and icons: --head-lr {HIER_MARGIN_GLYPH_HEAD_LR:g} by default).")
         g.add_argument("--levels", type=positive_int, nargs="+", default=None, metavar="K",
                        help=f"Clusters per pseudo-label level, finest first (unset: {' '.join(map(str, DEFAULT_PSEUDO_LEVELS))}; "
                             f"the paper: {' '.join(map(str, PAPER_PSEUDO_LEVELS))}).")

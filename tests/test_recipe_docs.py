@@ -96,9 +96,9 @@ def test_help_lists_each_preset_default(page):
 
 def test_hyp_uml_help_shows_bundled_and_paper_defaults():
     text = " ".join(load_recipe("hyp_uml_cars").HypUML.make_parser().format_help().split())
-    assert "(default: 3 on the bundled glyphs; 10 on cub200, sop, inshop; 300 on cars196)" in text
-    assert "(default: 48 on the bundled glyphs; 224 on the benchmarks)" in text
-    assert "(default: 120 on the bundled glyphs; 900 on cub200, sop, inshop; 294 on cars196)" in text
+    assert "(default: 3 on the bundled glyphs and icons; 10 on cub200, sop, inshop; 300 on cars196)" in text
+    assert "(default: 48 on the bundled glyphs and icons; 224 on the benchmarks)" in text
+    assert "(default: 120 on the bundled glyphs and icons; 900 on cub200, sop, inshop; 294 on cars196)" in text
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))

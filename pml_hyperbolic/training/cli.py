@@ -32,8 +32,8 @@ import zipfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
-from .config import DATASET_ALIASES, ConfigError, RecipeArgumentParser, RunWriteError, add_common_arguments, \
-    check_batch_settings, parse_config, run_write_error
+from .config import BUNDLED_DATASETS, DATASET_ALIASES, ConfigError, RecipeArgumentParser, RunWriteError, \
+    add_common_arguments, check_batch_settings, parse_config, run_write_error
 
 #: Files of a previous run in a run folder; any of them makes the folder "used" (see check_run_folder).
 PREVIOUS_RUN_FILES = ("last.pt", "best.pt", "results.json", "log.csv", "before.json")
@@ -101,8 +101,8 @@ def default_note(default: Any, dest: str, columns: Sequence[Tuple[str, str, Dict
 
     Returns:
         Its value under each column, grouped by value, e.g.
-        ``default: 3 on the bundled glyphs; 10 on cub200, cars196``; a single value where every
-        column agrees.
+        ``default: 3 on the bundled glyphs and icons; 10 on cub200, cars196``; a single value
+        where every column agrees.
     """
     groups: Dict[str, Dict[str, List[str]]] = {}
     for preposition, where, preset in columns:
@@ -171,8 +171,8 @@ def light_dataset_name(requested: str, data_root: Optional[str], real_default: s
         target = real_default if name == "auto" else name
         raise ConfigError(f"--data-root {data_root} does not exist. Pass the folder holding the {target} data "
                           "(see --help for the layouts), or run on the bundled data with --dataset glyphs.")
-    if name == "glyphs":
-        return "glyphs"
+    if name in BUNDLED_DATASETS:
+        return name
     target = real_default if name == "auto" else name
     if data_root is not None:
         return target  # the runner checks the folder's layout and says what it expected
@@ -536,7 +536,8 @@ class RecipeCommandLine:
     # The recipe's page under docs/recipes/ (named in --help).
     docs_page = "index.md"
     # Settings for the bundled glyphs on a CPU: a small pretrained CNN at a small image size (the
-    # papers' ViT-S/16 at 224 px would take hours on a few cores).
+    # papers' ViT-S/16 at 224 px would take hours on a few cores). The bundled icons use the same
+    # settings (not tuned on them).
     glyph_preset: Dict = {
         "backbone": "efficientnet_lite0", "pretrained": True, "image_size": 48, "resize_size": 48,
         "batch_size": 120, "samples_per_class": 4, "lr": 3e-4, "head_lr": 3e-3, "epochs": 3,
@@ -589,8 +590,8 @@ class RecipeCommandLine:
     @classmethod
     def preset_columns(cls) -> List[Tuple[str, str, Dict]]:
         """Where each preset applies, as ``(preposition, where, preset)``: what ``--help`` lists
-        beside each flag's default (the bundled glyphs first, then the benchmarks)."""
-        return [("on", "the bundled glyphs", dict(cls.glyph_preset))] + [
+        beside each flag's default (the bundled data first, then the benchmarks)."""
+        return [("on", "the bundled glyphs and icons", dict(cls.glyph_preset))] + [
             ("on", name, dict(cls.paper_presets.get(name, {}))) for name in BENCHMARKS]
 
     @classmethod
@@ -605,7 +606,8 @@ class RecipeCommandLine:
             prog=prog, description=cls.description,
             epilog=textwrap.fill(
                 "Defaults: where the presets differ, each flag lists its default per dataset; the bundled "
-                "glyphs are used with --dataset glyphs, or by --dataset auto when no benchmark is found. "
+                "glyphs are used with --dataset glyphs, or by --dataset auto when no benchmark is found; the "
+                "bundled icons (--dataset icons) use the same settings, not tuned on icons yet. "
                 "A flag or a --config key overrides the preset. A run folder holding a previous run is "
                 "refused: continue it with --resume or start afresh with --overwrite. "
                 f"Presets and notes: docs/recipes/{cls.docs_page}", width=78, break_on_hyphens=False),
@@ -626,7 +628,8 @@ class RecipeCommandLine:
             args: the settings so far.
 
         Returns:
-            The dataset name (``glyphs`` for ``--dataset auto`` without the benchmark's data).
+            The dataset name (``glyphs`` for ``--dataset auto`` without the benchmark's data;
+            ``glyphs`` or ``icons`` when named).
 
         Raises:
             ConfigError: as :func:`light_dataset_name`.
@@ -646,11 +649,11 @@ class RecipeCommandLine:
             args: the settings so far.
 
         Returns:
-            The glyph preset on the bundled data, else the paper's preset for the dataset (empty
-            where the recipe has none).
+            The glyph preset on the bundled data (glyphs and icons alike), else the paper's preset
+            for the dataset (empty where the recipe has none).
         """
         name = cls.resolved_dataset(args)
-        if name == "glyphs":
+        if name in BUNDLED_DATASETS:
             return dict(cls.glyph_preset)
         return dict(cls.paper_presets.get(name, {}))
 

@@ -82,9 +82,10 @@ def resolve_dataset(requested: str, data_root: Optional[str],
                     real_default: str) -> Tuple[str, Optional[str], Optional[str]]:
     """Map ``--dataset`` to (canonical name, root, banner-or-None).
 
-    'auto' looks for ``real_default`` (``--data-root``, else the dataset's environment variable or
-    ``$PML_HYPERBOLIC_DATA``, via :func:`pml_hyperbolic.data.find_dataset_root`); when absent it falls
-    back to the bundled glyphs and returns a one-line banner saying so. An explicit ``--data-root``
+    The bundled datasets (``glyphs``, ``icons``) need no root. 'auto' looks for ``real_default``
+    (``--data-root``, else the dataset's environment variable or ``$PML_HYPERBOLIC_DATA``, via
+    :func:`pml_hyperbolic.data.find_dataset_root`); when absent it falls back to the bundled glyphs
+    and returns a one-line banner saying so. An explicit ``--data-root``
     that holds no recognisable layout is an error (never a silent fallback).
 
     Args:
@@ -102,8 +103,8 @@ def resolve_dataset(requested: str, data_root: Optional[str],
     from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
 
     name = cfg.DATASET_ALIASES[requested]
-    if name == "glyphs":
-        return "glyphs", None, None
+    if name in cfg.BUNDLED_DATASETS:
+        return name, None, None
     target = real_default if name == "auto" else name
     root = find_dataset_root(target, data_root)
     if root is not None and (data_root is None or os.path.abspath(os.path.expanduser(root))
@@ -392,6 +393,8 @@ class Recipe(RecipeCommandLine):
         self.status(f"indexing the {self.dataset_name} data" + (f" in {self.data_root}" if self.data_root else "")
                     + " ...")
         started = time.time()
+        # the glyph pipeline keeps characters unmirrored and uncropped; everything else, the RGB icons
+        # included, takes the ImageNet one
         kind = "glyph" if self.dataset_name == "glyphs" else "imagenet"
         train_tf = build_transforms(kind, train=True, image_size=a.image_size, resize_size=a.resize_size)
         eval_tf = build_transforms(kind, train=False, image_size=a.image_size, resize_size=a.resize_size)
