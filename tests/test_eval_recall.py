@@ -181,3 +181,26 @@ def test_column_labels_are_squeezed_and_multi_column_labels_rejected():
         calc.get_accuracy(x, torch.stack([y, y // 2], 1))
     with pytest.raises(ValueError, match=r"reference_labels.*\(30, 1, 1\)"):
         calc.get_accuracy(x[:30], y[:30], x[30:], y[30:, None, None])
+
+
+def test_collapsed_queries_warn_once_per_calculator():
+    import warnings
+
+    from pml_hyperbolic.evaluation import RadiusCollapseWarning, RecallAtKAccuracyCalculator
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    geometry = PoincareGeometry(c=0.1)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(40) % 10
+    on_clip = geometry.to_ball(50 * torch.randn(40, 8, generator=g))  # every tangent norm far beyond r
+    calculator = RecallAtKAccuracyCalculator(k_values=(1,), c=geometry)
+    with pytest.warns(RadiusCollapseWarning, match="radius collapsed"):
+        calculator.get_accuracy(on_clip, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RadiusCollapseWarning)
+        calculator.get_accuracy(on_clip, labels)  # once per calculator
+        spread = geometry.to_ball(torch.randn(40, 8, generator=g) * torch.linspace(0.05, 0.25, 40)[:, None])
+        RecallAtKAccuracyCalculator(k_values=(1,), c=geometry).get_accuracy(spread, labels)
+        RecallAtKAccuracyCalculator(k_values=(1,), c=geometry, check_radius=False).get_accuracy(on_clip, labels)
+    with pytest.raises(TypeError, match="check_radius"):
+        RecallAtKAccuracyCalculator(c=geometry, check_radius="yes")

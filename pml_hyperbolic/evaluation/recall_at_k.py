@@ -48,6 +48,9 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
             ``max(k_values)``, or PML's ``max_bin_count`` when R-precision / MAP@R are computed
             (PML's own default would fetch *every* reference). ``mean_average_precision`` is then
             MAP over those neighbours.
+        check_radius: with ``c`` given, check the first queries evaluated for a collapsed radius
+            and warn once (:func:`~pml_hyperbolic.evaluation.radius_health.check_radius`): ranking
+            still works then, but the radius carries no uncertainty.
         **kwargs: PML ``AccuracyCalculator`` arguments (include, exclude, avg_of_avgs, knn_func...).
 
     Raises:
@@ -58,7 +61,7 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
     """
 
     def __init__(self, k_values: Iterable[int] = (1, 2, 4, 8), c: Optional[float] = None,
-                 k: Optional[Any] = None, **kwargs: Any):
+                 k: Optional[Any] = None, check_radius: bool = True, **kwargs: Any):
         if isinstance(k_values, int) and not isinstance(k_values, bool):
             k_values = (k_values,)
         try:
@@ -72,6 +75,9 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
                 raise ValueError(f"k_values must be positive integers, got {k_values!r}")
         self.k_values = tuple(sorted(set(k_values)))
         self.c = c
+        if not isinstance(check_radius, bool):
+            raise TypeError(f"check_radius must be True or False, got {check_radius!r}")
+        self._radius_unchecked = check_radius and c is not None
         auto_knn = c is not None and kwargs.get("knn_func") is None
         if auto_knn:
             kwargs["knn_func"] = HyperbolicKNN(c=c)
@@ -148,6 +154,11 @@ class RecallAtKAccuracyCalculator(AccuracyCalculator):
             if reference.shape[1] != query.shape[1]:
                 raise ValueError(f"query has dimension {query.shape[1]} but reference has dimension "
                                  f"{reference.shape[1]}")
+        if getattr(self, "_radius_unchecked", False):
+            from .radius_health import check_radius
+
+            self._radius_unchecked = False  # once per calculator: a warning, not a stream of them
+            check_radius(query, self.c, what="queries", stacklevel=3)
         return super().get_accuracy(query, query_labels, reference, reference_labels,
                                     ref_includes_query, include=include, exclude=exclude)
 

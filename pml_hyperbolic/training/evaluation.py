@@ -53,7 +53,8 @@ def build_tester(c: Optional[float], k_values: Sequence[int] = (1, 2, 4, 8), bat
     from ..evaluation import RecallAtKAccuracyCalculator
 
     # Only Recall@K: PML's default metric set would also run k-means for NMI/AMI on every test.
-    calculator = RecallAtKAccuracyCalculator(k_values=tuple(k_values), c=c,
+    # check_radius=False: the recipes' evaluation hook checks the radius itself (once per run)
+    calculator = RecallAtKAccuracyCalculator(k_values=tuple(k_values), c=c, check_radius=False,
                                              include=tuple(f"recall_at_{k}" for k in k_values))
     return SkippingEmbeddingSpaceTester(
         normalize_embeddings=False, batch_size=batch_size, dataloader_num_workers=num_workers,
