@@ -53,40 +53,67 @@ def check_labels_tensor(labels, n: int, name: str = "labels", max_ndim: int = 1)
         raise ValueError(f"{name} must have shape {shape} with N = {n}, got {tuple(labels.shape)}")
 
 
-def check_indices_tuple(indices_tuple, n: int, r: int) -> None:
-    """A PML pair (a1, p, a2, n) or triplet (a, p, n) tuple of 1-D integer tensors: anchors in
-    [0, ``n``), positives and negatives in [0, ``r``), paired tensors of equal length. One
-    device-to-host read for the range check.
+def index_tensors(indices_tuple, n: int, r: int) -> tuple:
+    """A PML pair (a1, p, a2, n) or triplet (a, p, n) ``indices_tuple`` as 1-D integer tensors (lists
+    accepted), each checked before any use: anchors in [0, ``n``), positives and negatives in
+    [0, ``r``), the members of a triplet (of each pair list) of one length. One device-to-host read
+    for the range check when every index is in range.
+
+    Returns:
+        The tuple's members as tensors (a given tensor is returned as it is).
 
     Raises:
-        TypeError: not a tuple/list of tensors, or tensors that are not integer.
-        ValueError: not 3 or 4 tensors, not 1-D, lengths that do not pair up, or indices out of range.
+        ValueError: naming ``indices_tuple`` (and the member's position): not 3 or 4 members, a member
+            that is not a 1-D integer sequence, lengths that do not pair up, or an index out of range.
     """
-    if not isinstance(indices_tuple, (tuple, list)) or not all(torch.is_tensor(t) for t in indices_tuple):
-        raise TypeError("indices_tuple must be a tuple of index tensors (a, p, n) or (a1, p, a2, n), got "
-                        f"{type(indices_tuple).__name__}")
-    if len(indices_tuple) not in (3, 4):
-        raise ValueError(f"indices_tuple must hold 3 (triplets) or 4 (pairs) tensors, got {len(indices_tuple)}")
-    for t in indices_tuple:
-        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-            raise TypeError(f"indices_tuple must hold integer index tensors, got dtype {t.dtype}")
-        if t.ndim != 1:
-            raise ValueError(f"indices_tuple must hold 1-D index tensors, got shape {tuple(t.shape)}")
-    groups = [indices_tuple] if len(indices_tuple) == 3 else [indices_tuple[:2], indices_tuple[2:]]
-    for g in groups:
-        if len({len(t) for t in g}) != 1:
-            raise ValueError("indices_tuple: the tensors of one "
-                             f"{'triplet' if len(g) == 3 else 'pair'} list differ in length "
-                             f"{[len(t) for t in g]}")
-    bounds = [n, r, r] if len(indices_tuple) == 3 else [n, r, n, r]
+    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
+        got = len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else type(indices_tuple).__name__
+        raise ValueError(f"indices_tuple must be a PML triplet (3) or pair (4) tuple, got {got}")
+    members = []
+    for position, values in enumerate(indices_tuple):
+        try:
+            member = values if torch.is_tensor(values) else torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"indices_tuple[{position}] must be a 1-D sequence of integers, got "
+                             f"{type(values).__name__}") from None
+        if member.dtype == torch.bool or member.is_floating_point() or member.is_complex() or member.ndim != 1:
+            raise ValueError(f"indices_tuple[{position}] must be a 1-D integer tensor, got dtype {member.dtype} "
+                             f"and shape {tuple(member.shape)}")
+        members.append(member)
+    groups = ((0, 1, 2),) if len(members) == 3 else ((0, 1), (2, 3))
+    for group in groups:
+        if len({members[g].numel() for g in group}) != 1:
+            raise ValueError(f"indices_tuple: members {group} must have one length, got "
+                             f"{[members[g].numel() for g in group]}")
+    bounds = (n, r, r) if len(members) == 3 else (n, r, n, r)
     bad = None
-    for t, b in zip(indices_tuple, bounds):
-        if t.numel():
-            out = ((t < 0) | (t >= b)).any()
-            bad = out if bad is None else bad | out.to(bad.device)
-    if bad is not None and bool(bad):
-        raise ValueError(f"indices_tuple holds indices out of range: anchors must lie in [0, {n}), "
-                         f"positives and negatives in [0, {r})")
+    for member, bound in zip(members, bounds):
+        if member.numel():
+            outside = ((member < 0) | (member >= bound)).any()
+            bad = outside if bad is None else bad | outside.to(bad.device)
+    if bad is not None and bool(bad):  # the detail (which member, min and max) only on failure
+        for position, (member, bound) in enumerate(zip(members, bounds)):
+            low, high = (int(member.min()), int(member.max())) if member.numel() else (0, 0)
+            if low < 0 or high >= bound:
+                raise ValueError(f"indices_tuple[{position}] has indices outside [0, {bound}) (min {low}, "
+                                 f"max {high})")
+    return tuple(members)
+
+
+def check_indices_tuple(indices_tuple, n: int, r: int) -> None:
+    """:func:`index_tensors` for the losses that hand ``indices_tuple`` on to PML, which needs tensors.
+
+    Raises:
+        TypeError: a member that is not an integer tensor.
+        ValueError: as :func:`index_tensors`.
+    """
+    def integer_tensor(t) -> bool:
+        return torch.is_tensor(t) and not (t.dtype == torch.bool or t.is_floating_point() or t.is_complex())
+
+    if isinstance(indices_tuple, (tuple, list)) and not all(integer_tensor(t) for t in indices_tuple):
+        raise TypeError("indices_tuple must be a tuple of integer index tensors (a, p, n) or (a1, p, a2, n), "
+                        f"got {[t.dtype if torch.is_tensor(t) else type(t).__name__ for t in indices_tuple]}")
+    index_tensors(indices_tuple, n, r)
 
 
 def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:

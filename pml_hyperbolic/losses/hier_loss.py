@@ -16,7 +16,7 @@ from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
 from .._spare_buffers import SpareBuffers
-from ._common import check_labels, check_nonnegative, check_positive
+from ._common import check_labels, check_nonnegative, check_positive, index_tensors
 
 _POSITIVES = ("labels", "labels+mutual_nn")
 # Elements of (rows × proxies) per block of the triplet computation: temporaries of ~1 MiB (float32)
@@ -32,38 +32,6 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
-
-
-def _checked_indices_tuple(indices_tuple, n_emb: int, n_ref: int, device) -> tuple:
-    """A PML ``indices_tuple`` as int64 tensors on ``device``, each checked before any use: a triplet
-    (anchors, positives, negatives) or pair (a1, p, a2, n) tuple of 1-D integer sequences, the pair
-    members of equal lengths, anchors in [0, ``n_emb``) and the others in [0, ``n_ref``). Any other
-    input raises one ValueError naming ``indices_tuple`` (the native loop reads rows by these
-    indices: one out of range would read foreign memory)."""
-    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
-        got = len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else type(indices_tuple).__name__
-        raise ValueError(f"indices_tuple must be a PML triplet (3) or pair (4) tuple, got {got}")
-    sizes = (n_emb, n_ref, n_ref) if len(indices_tuple) == 3 else (n_emb, n_ref, n_emb, n_ref)
-    out = []
-    for position, (values, size) in enumerate(zip(indices_tuple, sizes)):
-        try:
-            t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"indices_tuple[{position}] must be a 1-D sequence of integers, got "
-                             f"{type(values).__name__}") from None
-        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex() or t.ndim != 1:
-            raise ValueError(f"indices_tuple[{position}] must be a 1-D integer tensor, got dtype {t.dtype} "
-                             f"and shape {tuple(t.shape)}")
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
-            raise ValueError(f"indices_tuple[{position}] has indices outside [0, {size}) (min {int(t.min())}, "
-                             f"max {int(t.max())})")
-        out.append(t.to(device=device, dtype=torch.long))
-    groups = ((0, 1, 2),) if len(out) == 3 else ((0, 1), (2, 3))
-    for group in groups:
-        if len({out[g].numel() for g in group}) != 1:
-            raise ValueError(f"indices_tuple: members {group} must have one length, got "
-                             f"{[out[g].numel() for g in group]}")
-    return tuple(out)
 
 
 def _mutual_nn(dist: torch.Tensor, k: int, exclude: torch.Tensor, symmetric: bool = False) -> torch.Tensor:
@@ -590,7 +558,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         B, R = embeddings.shape[0], ref_emb.shape[0]
         dev = embeddings.device
         if indices_tuple is not None:
-            indices_tuple = _checked_indices_tuple(indices_tuple, B, R, dev)
+            # checked before any use: the native loop reads rows by these indices
+            indices_tuple = tuple(t.to(device=dev, dtype=torch.long)
+                                  for t in index_tensors(indices_tuple, B, R))
             a, p, n = lmu.convert_to_triplets(indices_tuple, labels, ref_labels)
             return self._subsample((a, p, n), self.max_triplets)
         if labels is None:
