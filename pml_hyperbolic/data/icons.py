@@ -12,6 +12,8 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ._archive import read_npz_archive
+
 BUNDLED_ICONS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "icon_themes.npz")
 ICONS_FILE_NAME = "icon_themes.npz"
 
@@ -37,21 +39,7 @@ def read_icon_archive(path: str) -> Dict[str, np.ndarray]:
     Raises:
         ValueError: the file lacks one of the expected fields.
     """
-    real = os.path.realpath(path)
-    info = os.stat(real)
-    key = (real, info.st_size, info.st_mtime_ns)
-    arrays = _archive_cache.get(key)
-    if arrays is None:
-        with np.load(real) as archive:
-            missing = [name for name in _ARCHIVE_FIELDS if name not in archive.files]
-            if missing:
-                raise ValueError(f"icon array file {path} lacks {missing}; {_REBUILD_HINT}")
-            arrays = {name: archive[name] for name in _ARCHIVE_FIELDS}
-        for array in arrays.values():
-            array.setflags(write=False)
-        _archive_cache.clear()  # one file version at a time: a rebuilt archive frees the old one
-        _archive_cache[key] = arrays
-    return arrays
+    return read_npz_archive(path, _ARCHIVE_FIELDS, _archive_cache, "icon", _REBUILD_HINT)
 
 
 def resolve_icons_path(root: Optional[Union[str, os.PathLike]] = None) -> str:
