@@ -116,13 +116,9 @@ def check_indices_tuple(indices_tuple, n: int, r: int) -> None:
     index_tensors(indices_tuple, n, r)
 
 
-def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
-    """The arguments of a loss's ``forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)``
-    (positional or keyword): see :func:`check_embeddings`, :func:`check_labels_tensor`,
-    :func:`check_indices_tuple`; ``ref_emb`` must have the dimension of ``embeddings``."""
-    names = ("embeddings", "labels", "indices_tuple", "ref_emb", "ref_labels")
-    given = dict(zip(names, args))
-    given.update({k: v for k, v in kwargs.items() if k in names})
+def _checked_batch_and_reference(given: dict) -> tuple:
+    """``embeddings`` and ``ref_emb`` (or None) of a forward call, checked by :func:`check_embeddings`,
+    of one dimension D."""
     emb = check_embeddings(given.get("embeddings"), "embeddings")
     ref = given.get("ref_emb")
     if ref is not None:
@@ -130,6 +126,17 @@ def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
         if ref.shape[1] != emb.shape[1]:
             raise ValueError(f"ref_emb must have the dimension of embeddings ({emb.shape[1]}), "
                              f"got shape {tuple(ref.shape)}")
+    return emb, ref
+
+
+def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
+    """The arguments of a loss's ``forward(embeddings, labels, indices_tuple, ref_emb, ref_labels)``
+    (positional or keyword): see :func:`check_embeddings`, :func:`check_labels_tensor`,
+    :func:`check_indices_tuple`; ``ref_emb`` must have the dimension of ``embeddings``."""
+    names = ("embeddings", "labels", "indices_tuple", "ref_emb", "ref_labels")
+    given = dict(zip(names, args))
+    given.update({k: v for k, v in kwargs.items() if k in names})
+    emb, ref = _checked_batch_and_reference(given)
     max_ndim = 2 if hierarchical else 1
     if (ref is not None and given.get("ref_labels") is None and given.get("labels") is not None
             and given.get("indices_tuple") is None):
@@ -163,13 +170,7 @@ def check_miner_call(module, args, kwargs, hierarchical: bool = False, labels_op
     names = ("embeddings", "labels", "ref_emb", "ref_labels")
     given = dict(zip(names, args))
     given.update({k: v for k, v in kwargs.items() if k in names})
-    emb = check_embeddings(given.get("embeddings"), "embeddings")
-    ref = given.get("ref_emb")
-    if ref is not None:
-        check_embeddings(ref, "ref_emb")
-        if ref.shape[1] != emb.shape[1]:
-            raise ValueError(f"ref_emb must have the dimension of embeddings ({emb.shape[1]}), "
-                             f"got shape {tuple(ref.shape)}")
+    emb, ref = _checked_batch_and_reference(given)
     max_ndim = 2 if hierarchical else 1
     labels, ref_labels = given.get("labels"), given.get("ref_labels")
     if labels is None:
