@@ -116,6 +116,17 @@ def check_indices_tuple(indices_tuple, n: int, r: int) -> None:
     index_tensors(indices_tuple, n, r)
 
 
+def require_ref_labels(ref_emb, ref_labels, labels, indices_tuple) -> None:
+    """A reference set scored by labels needs its own labels.
+
+    Raises:
+        ValueError: ``ref_emb`` and ``labels`` given, no ``ref_labels`` and no ``indices_tuple``.
+    """
+    if ref_emb is not None and ref_labels is None and labels is not None and indices_tuple is None:
+        raise ValueError("ref_labels is required with ref_emb (the positives are pairs of equal labels "
+                         "across the batch and the reference set)")
+
+
 def _checked_batch_and_reference(given: dict) -> tuple:
     """``embeddings`` and ``ref_emb`` (or None) of a forward call, checked by :func:`check_embeddings`,
     of one dimension D."""
@@ -138,10 +149,7 @@ def check_loss_call(module, args, kwargs, hierarchical: bool = False) -> None:
     given.update({k: v for k, v in kwargs.items() if k in names})
     emb, ref = _checked_batch_and_reference(given)
     max_ndim = 2 if hierarchical else 1
-    if (ref is not None and given.get("ref_labels") is None and given.get("labels") is not None
-            and given.get("indices_tuple") is None):
-        raise ValueError("ref_labels is required with ref_emb (the positives are pairs of equal labels "
-                         "across the batch and the reference set)")
+    require_ref_labels(ref, given.get("ref_labels"), given.get("labels"), given.get("indices_tuple"))
     if given.get("labels") is not None:
         check_labels_tensor(given["labels"], emb.shape[0], "labels", max_ndim)
     if ref is not None and given.get("ref_labels") is not None:

@@ -16,7 +16,7 @@ from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
 from .._spare_buffers import SpareBuffers
-from ._common import check_labels, check_nonnegative, check_positive, index_tensors
+from ._common import check_labels, check_nonnegative, check_positive, index_tensors, require_ref_labels
 
 _POSITIVES = ("labels", "labels+mutual_nn")
 # Elements of (rows × proxies) per block of the triplet computation: temporaries of ~1 MiB (float32)
@@ -587,9 +587,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     # ---- PML entry point -------------------------------------------------------------------
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
-        if ref_emb is not None and ref_labels is None and indices_tuple is None and labels is not None:
-            raise ValueError("ref_labels is required with ref_emb (the positives are pairs of equal labels "
-                             "across the batch and the reference set)")
+        require_ref_labels(ref_emb, ref_labels, labels, indices_tuple)
         # Half precision is computed in float32. Upcast before PML's forward: its MultipleReducers
         # (two sub-losses) would otherwise add them up in the embeddings' (half) dtype.
         half = (torch.float16, torch.bfloat16)
