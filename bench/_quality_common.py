@@ -37,6 +37,10 @@ import torch
 
 
 BANK_VERSION = 2
+BANK_DATASETS = ("glyphs", "icons", "fashion-mnist")
+# Per dataset, the value of ``Split.font_families`` that marks a validation query (the rest is the
+# validation gallery): display fonts for the glyphs, the query group of themes for the icons.
+QUERY_SIDE = {"glyphs": "display", "icons": "query"}
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist", "/usr/share/dataset-fashion-mnist",
                       "/usr/share/fashion-mnist")
 METRIC_KEYS = ("recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "mean_average_precision_at_r")
@@ -243,13 +247,13 @@ class _ClassSubset:
 
 def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600, 300), use_cache=True, log=print,
                max_classes=None):
-    """Prefix-activation bank of ``dataset`` ("glyphs" or "fashion-mnist"), cached on disk.
+    """Prefix-activation bank of ``dataset`` (one of ``BANK_DATASETS``), cached on disk.
 
     ``max_classes`` keeps only the first classes of every split (tests and smoke runs)."""
-    from pml_hyperbolic.data import GlyphDataset, build_transforms
+    from pml_hyperbolic.data import GlyphDataset, IconDataset, build_transforms
 
-    if dataset not in ("glyphs", "fashion-mnist"):
-        raise ValueError(f"dataset must be 'glyphs' or 'fashion-mnist', got {dataset!r}")
+    if dataset not in BANK_DATASETS:
+        raise ValueError(f"dataset must be one of {BANK_DATASETS}, got {dataset!r}")
     prefix, tail, dim = split_backbone(cfg.backbone)
     extra = f"{fashion_per_class}" if dataset == "fashion-mnist" else "hard-protocol"
     if max_classes is not None:
@@ -268,6 +272,14 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
         note = (f"bundled CJK glyphs, hard protocol: train {len(train_set)} images / {train_set.num_classes} "
                 f"characters; test = {query_set.num_classes} held-out characters, query {len(query_set)} "
                 f"(display fonts) vs gallery {len(gallery_set)} (serif+sans fonts)")
+    elif dataset == "icons":
+        train_set, query_set, gallery_set = IconDataset("train"), IconDataset("query"), IconDataset("gallery")
+        train_set.font_families = train_set.theme_groups  # the theme group plays the font family's part
+        clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
+        augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
+        note = (f"bundled icon themes: train {len(train_set)} drawings / {train_set.num_classes} icon names; "
+                f"test = {query_set.num_classes} held-out icon names, query {len(query_set)} (query themes) vs "
+                f"gallery {len(gallery_set)} (the other themes)")
     elif dataset == "fashion-mnist":
         root = find_fashion_mnist(fashion_root)
         if root is None:
@@ -354,7 +366,7 @@ def carve_validation(bank, num_val_classes=32, seed=0):
     fam = bank.train.font_families
     if fam is not None:
         fam = np.asarray(fam)[va_idx]
-        q = fam == "display"
+        q = fam == QUERY_SIDE[bank.dataset]
         return train, Split(val_acts[q], val_labels[q]), Split(val_acts[~q], val_labels[~q])
     return train, Split(val_acts, val_labels), None
 

@@ -118,7 +118,7 @@ def validation_indices(bank, num_val_classes=32, seed=0):
     classes = np.unique(labels)
     val_classes = np.sort(np.random.default_rng(seed).choice(classes, size=num_val_classes, replace=False))
     va_idx = np.flatnonzero(np.isin(labels, val_classes))
-    display = np.asarray(bank.train.font_families)[va_idx] == "display"
+    display = np.asarray(bank.train.font_families)[va_idx] == qc.QUERY_SIDE[bank.dataset]
     return va_idx[display], va_idx[~display]
 
 
