@@ -464,7 +464,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset: st
     g = parser.add_argument_group("data")
     g.add_argument("--dataset", default=default_dataset, choices=sorted(DATASET_ALIASES),
                    help="'auto': the real benchmark when its folder is found (--data-root or its environment "
-                        "variable), else the bundled glyphs. 'glyphs', 'icons' and 'iconify' are bundled.")
+                        "variable), else the bundled glyphs. Bundled: glyphs, icons, iconify.")
     g.add_argument("--data-root", default=None, metavar="DIR",
                    help="Folder holding the benchmark (e.g. the extracted Cars196 folder).")
     g.add_argument("--image-size", type=positive_int, default=224, metavar="PX",
