@@ -82,7 +82,7 @@ def test_splits_disjoint_and_consistent(archive):
         # one parent per class, and the parent is the topic of the class name
         pairs = np.unique(ds.hierarchical_labels, axis=0)
         assert len(pairs) == len(np.unique(ds.labels))
-        for label, parent in pairs[::25]:
+        for label, parent in pairs:
             topic = build_iconify.topic_of(str(ds.class_names[label]))
             assert ds.parent_names[parent] in (topic, build_iconify.OTHER_TOPIC)
 
@@ -114,6 +114,10 @@ def test_bad_arguments(tmp_path):
     np.savez(foreign, images=np.zeros((1, 4, 4, 3), np.uint8), item_themes=np.zeros(1, np.int16))
     with pytest.raises(ValueError, match="lacks"):
         IconifyDataset("train", root=tmp_path)
+    from pml_hyperbolic.data import BUNDLED_ICONS_PATH
+
+    with pytest.raises(ValueError, match="Iconify.*lacks"):
+        IconifyDataset("test", root=BUNDLED_ICONS_PATH)
     for argv in (["--size", "2"], ["--min-sets", "1"], ["--max-classes", "0"]):
         with pytest.raises(SystemExit):
             build_iconify.main(argv)

@@ -47,7 +47,7 @@ import sys
 import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -131,7 +131,7 @@ BRAND_TOKENS = frozenset(
 TOPICS: Dict[str, Tuple[str, ...]] = {
     "arrows": ("arrow", "arrows", "chevron", "chevrons", "caret", "corner", "direction", "move", "redo", "undo",
                "rotate", "refresh", "reload", "repeat", "sync", "expand", "collapse", "maximize", "minimize",
-               "external", "back", "forward", "reply", "forward", "switch", "swap", "transfer", "exchange",
+               "external", "back", "forward", "reply", "switch", "swap", "transfer", "exchange",
                "login", "logout", "enter", "exit", "sort", "shuffle", "route", "fork", "merge", "split", "replay",
                "restart", "flip"),
     "files": ("file", "files", "folder", "folders", "document", "documents", "clipboard", "note", "notes",
@@ -163,7 +163,7 @@ TOPICS: Dict[str, Tuple[str, ...]] = {
                "man", "woman", "male", "female", "gender", "accessibility", "accessible", "wheelchair",
                "face", "smile", "mood", "handshake", "hand", "hands", "thumb", "thumbs", "walk", "run", "running",
                "swim", "body", "id", "identification", "graduation", "badge", "vcard", "friends", "family", "pregnant",
-               "users", "crowd", "customer", "student", "teacher", "worker", "incognito", "spy", "ghost",
+               "crowd", "customer", "student", "teacher", "worker", "incognito", "spy", "ghost",
                "skull", "brain", "ear", "eye", "mouth", "nose", "tooth", "finger", "fingerprint", "footprint"),
     "text": ("text", "align", "bold", "italic", "underline", "strikethrough", "heading", "font", "letter",
              "list", "indent", "outdent", "paragraph", "quote", "blockquote", "pen", "pencil", "edit", "eraser",
@@ -195,7 +195,7 @@ TOPICS: Dict[str, Tuple[str, ...]] = {
     "places": ("map", "maps", "pin", "location", "compass", "navigation", "navigate", "home", "house", "building",
                "car", "bus", "train", "plane", "airplane", "bike", "bicycle", "ship", "boat", "sailboat", "truck",
                "taxi", "road", "flag", "anchor", "parking", "gas", "fuel", "hotel", "hospital", "school",
-               "church", "castle", "tent", "camping", "bridge", "building", "factory", "warehouse", "office",
+               "church", "castle", "tent", "camping", "bridge", "factory", "warehouse", "office",
                "city", "tower", "lighthouse", "rocket", "helicopter", "scooter", "motorcycle", "tram", "subway",
                "traffic", "direction", "directions", "walk", "step", "steps", "door", "elevator", "stairs",
                "window", "bed", "bath", "shower", "toilet", "sofa", "armchair", "chair", "lamp", "fireplace",
@@ -225,7 +225,7 @@ TOPICS: Dict[str, Tuple[str, ...]] = {
                   "notification", "category", "categories", "section", "components", "component", "view",
                   "list", "login", "logout", "sign", "signin", "signout", "power", "refresh", "shortcut",
                   "command", "option", "keyboard", "zoom-in", "zoom-out", "pin", "pushpin", "thumbtack",
-                  "archive", "inbox", "outbox", "flag", "layers", "stack", "sidebar", "split", "template",
+                  "archive", "inbox", "outbox", "flag", "layers", "stack", "split", "template",
                   "preview", "visible", "invisible", "focus", "target", "crosshair", "scan", "qrcode", "magic",
                   "wand", "history", "undo", "redo", "reset", "help", "support", "feedback", "bug", "tool",
                   "tools", "wrench", "screwdriver", "hammer", "scissors", "cut", "paint", "palette", "brush",
