@@ -37,10 +37,11 @@ import torch
 
 
 BANK_VERSION = 2
-BANK_DATASETS = ("glyphs", "icons", "fashion-mnist")
+BANK_DATASETS = ("glyphs", "icons", "iconify", "fashion-mnist")
 # Per dataset, the value of ``Split.font_families`` that marks a validation query (the rest is the
-# validation gallery): display fonts for the glyphs, the query group of themes for the icons.
-QUERY_SIDE = {"glyphs": "display", "icons": "query"}
+# validation gallery): display fonts for the glyphs, the query group of themes for the icons, the query
+# group of icon sets for the Iconify sets.
+QUERY_SIDE = {"glyphs": "display", "icons": "query", "iconify": "query"}
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist", "/usr/share/dataset-fashion-mnist",
                       "/usr/share/fashion-mnist")
 METRIC_KEYS = ("recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "mean_average_precision_at_r")
@@ -250,7 +251,7 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
     """Prefix-activation bank of ``dataset`` (one of ``BANK_DATASETS``), cached on disk.
 
     ``max_classes`` keeps only the first classes of every split (tests and smoke runs)."""
-    from pml_hyperbolic.data import GlyphDataset, IconDataset, build_transforms
+    from pml_hyperbolic.data import GlyphDataset, IconDataset, IconifyDataset, build_transforms
 
     if dataset not in BANK_DATASETS:
         raise ValueError(f"dataset must be one of {BANK_DATASETS}, got {dataset!r}")
@@ -280,6 +281,15 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
         note = (f"bundled icon themes: train {len(train_set)} drawings / {train_set.num_classes} icon names; "
                 f"test = {query_set.num_classes} held-out icon names, query {len(query_set)} (query themes) vs "
                 f"gallery {len(gallery_set)} (the other themes)")
+    elif dataset == "iconify":
+        train_set, query_set, gallery_set = (IconifyDataset("train"), IconifyDataset("query"),
+                                             IconifyDataset("gallery"))
+        train_set.font_families = train_set.set_groups  # the set group plays the font family's part
+        clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
+        augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
+        note = (f"bundled Iconify icon sets: train {len(train_set)} drawings / {train_set.num_classes} icon names; "
+                f"test = {query_set.num_classes} held-out icon names, query {len(query_set)} (query sets) vs "
+                f"gallery {len(gallery_set)} (the other sets)")
     elif dataset == "fashion-mnist":
         root = find_fashion_mnist(fashion_root)
         if root is None:

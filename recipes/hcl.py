@@ -76,10 +76,10 @@ class HCL(RecipeCommandLine):
 
     @classmethod
     def preflight(cls, args):
-        if DATASET_ALIASES[args.dataset] == "icons":
-            raise ConfigError("--dataset icons is not supported by hcl: its scenes are composed from the bundled "
-                              "glyphs (the default), or read from COCO-style data with --annotations FILE "
-                              "--images-dir DIR. Drop --dataset icons.")
+        if DATASET_ALIASES[args.dataset] in ("icons", "iconify"):
+            raise ConfigError(f"--dataset {args.dataset} is not supported by hcl: its scenes are composed from the "
+                              "bundled glyphs (the default), or read from COCO-style data with --annotations FILE "
+                              f"--images-dir DIR. Drop --dataset {args.dataset}.")
         super().preflight(args)
         if args.max_objects < 2:
             raise ConfigError(f"--max-objects must be >= 2 (a scene holds 2..max-objects objects), got {args.max_objects}")

@@ -15,6 +15,8 @@ _EXPORTS = {
     "GlyphDataset": ".glyphs",
     "BUNDLED_ICONS_PATH": ".icons",
     "IconDataset": ".icons",
+    "BUNDLED_ICONIFY_PATH": ".iconify",
+    "IconifyDataset": ".iconify",
     "DatasetNotFoundError": ".image_list",
     "ImageListDataset": ".image_list",
     "collate_skipping_unreadable": ".image_list",
@@ -28,6 +30,7 @@ _EXPORTS = {
 
 __all__ = [
     "BUNDLED_GLYPHS_PATH",
+    "BUNDLED_ICONIFY_PATH",
     "BUNDLED_ICONS_PATH",
     "CUB200Dataset",
     "Cars196Dataset",
@@ -36,6 +39,7 @@ __all__ = [
     "DatasetNotFoundError",
     "GlyphDataset",
     "IconDataset",
+    "IconifyDataset",
     "ImageListDataset",
     "InShopDataset",
     "OnlineProductsDataset",

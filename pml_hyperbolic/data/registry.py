@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 def _dataset_classes():
     from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
     from .glyphs import GlyphDataset
+    from .iconify import IconifyDataset
     from .icons import IconDataset
 
     return {
@@ -24,6 +25,7 @@ def _dataset_classes():
         "inshop": InShopDataset,
         "glyphs": GlyphDataset,
         "icons": IconDataset,
+        "iconify": IconifyDataset,
     }
 
 
@@ -48,6 +50,7 @@ ROOT_ENVIRONMENT_VARIABLES = {
     "inshop": "PML_HYPERBOLIC_INSHOP",
     "glyphs": "PML_HYPERBOLIC_GLYPHS",
     "icons": "PML_HYPERBOLIC_ICONS",
+    "iconify": "PML_HYPERBOLIC_ICONIFY",
 }
 SHARED_DATA_VARIABLE = "PML_HYPERBOLIC_DATA"
 
@@ -59,6 +62,7 @@ CONVENTIONAL_FOLDER_NAMES = {
     "inshop": ("inshop", "InShop", "in_shop", "In-shop Clothes Retrieval Benchmark", "deepfashion_inshop"),
     "glyphs": ("glyphs",),
     "icons": ("icons", "icon_themes"),
+    "iconify": ("iconify", "iconify_sets"),
 }
 
 
@@ -66,7 +70,8 @@ def _check_name(name):
     key = str(name).lower().replace("-", "").replace("_", "")
     aliases = {"cars": "cars196", "cub": "cub200", "cub2002011": "cub200", "onlineproducts": "sop",
                "stanfordonlineproducts": "sop", "cjkglyphs": "glyphs",
-               "iconthemes": "icons", "freedesktopicons": "icons"}
+               "iconthemes": "icons", "freedesktopicons": "icons",
+               "iconifysets": "iconify", "iconsets": "iconify"}
     key = aliases.get(key, key)
     if key not in ROOT_ENVIRONMENT_VARIABLES:
         raise ValueError(f"unknown dataset {name!r}; choose from {sorted(ROOT_ENVIRONMENT_VARIABLES)}")
@@ -83,6 +88,9 @@ def _is_valid_root(name, root):
     if name == "icons":
         path = os.path.join(root, "icon_themes.npz") if os.path.isdir(root) else root
         return os.path.isfile(path)
+    if name == "iconify":
+        path = os.path.join(root, "iconify_sets.npz") if os.path.isdir(root) else root
+        return os.path.isfile(path)
     return _classes()[name].detect_layout(root) is not None
 
 
@@ -92,15 +100,15 @@ def find_dataset_root(name: str, root: Optional[str] = None) -> Optional[str]:
     Looks, in order, at: the explicit ``root``; the dataset's own environment
     variable (``PML_HYPERBOLIC_CARS196``, ``..._CUB200``, ``..._SOP``,
     ``..._INSHOP``); ``$PML_HYPERBOLIC_DATA`` itself and its conventionally named
-    sub-folders (e.g. ``$PML_HYPERBOLIC_DATA/cars196``). For ``"glyphs"`` and
-    ``"icons"`` the bundled array file's folder is the final fallback, so they are
-    always found.
+    sub-folders (e.g. ``$PML_HYPERBOLIC_DATA/cars196``). For ``"glyphs"``,
+    ``"icons"`` and ``"iconify"`` the bundled array file's folder is the final
+    fallback, so they are always found.
     Used by the recipes' ``--dataset auto``.
 
     Args:
         name: dataset name or alias (``"cars196"``, ``"cub200"``, ``"sop"``, ``"inshop"``,
-            ``"glyphs"``, ``"icons"``, ``"cub"``, ...).
-        root: a folder (or, for glyphs and icons, a ``.npz`` file) to try first.
+            ``"glyphs"``, ``"icons"``, ``"iconify"``, ``"cub"``, ...).
+        root: a folder (or, for the bundled datasets, a ``.npz`` file) to try first.
 
     Returns:
         The first candidate holding a supported layout, or None.
@@ -122,6 +130,10 @@ def find_dataset_root(name: str, root: Optional[str] = None) -> Optional[str]:
         from .icons import BUNDLED_ICONS_PATH
 
         candidates.append(os.path.dirname(BUNDLED_ICONS_PATH))
+    if name == "iconify":
+        from .iconify import BUNDLED_ICONIFY_PATH
+
+        candidates.append(os.path.dirname(BUNDLED_ICONIFY_PATH))
     for candidate in candidates:
         if candidate and _is_valid_root(name, candidate):
             return os.path.expanduser(str(candidate))
@@ -130,10 +142,10 @@ def find_dataset_root(name: str, root: Optional[str] = None) -> Optional[str]:
 
 def build_dataset(name: str, split: str, root: Optional[str] = None, transform: Optional[Callable] = None,
                   **dataset_kwargs: Any) -> Any:
-    """Instantiate dataset ``name`` ("cars196", "cub200", "sop", "inshop", "glyphs", "icons") for ``split``.
+    """Instantiate dataset ``name`` ("cars196", "cub200", "sop", "inshop", "glyphs", "icons", "iconify") for ``split``.
 
     Splits: "train" / "test" for all; "query" / "gallery" also for "inshop",
-    "glyphs" and "icons". ``root`` is resolved with :func:`find_dataset_root`; when nothing
+    "glyphs", "icons" and "iconify". ``root`` is resolved with :func:`find_dataset_root`; when nothing
     is found a :class:`DatasetNotFoundError` (a ``FileNotFoundError``) names the
     expected layouts and where to get the data. Nothing is ever downloaded.
 
@@ -165,6 +177,10 @@ def build_dataset(name: str, split: str, root: Optional[str] = None, transform: 
         from .icons import IconDataset
 
         return IconDataset(split=split, transform=transform, root=resolved, **dataset_kwargs)
+    if name == "iconify":
+        from .iconify import IconifyDataset
+
+        return IconifyDataset(split=split, transform=transform, root=resolved, **dataset_kwargs)
     if resolved is None:
         where = root if root is not None else (
             f"${ROOT_ENVIRONMENT_VARIABLES[name]} / ${SHARED_DATA_VARIABLE} (neither points at the data)"

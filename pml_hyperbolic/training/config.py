@@ -28,13 +28,14 @@ DATASET_ALIASES = {
     "inshop": "inshop",
     "glyphs": "glyphs",
     "icons": "icons",
+    "iconify": "iconify",
     "auto": "auto",
 }
 
 #: The datasets shipped inside the package: always found, no ``--data-root``, run with the bundled-data
 #: preset (``RecipeCommandLine.glyph_preset``) and the query/gallery protocol. ``--dataset auto`` falls
 #: back to the first.
-BUNDLED_DATASETS = ("glyphs", "icons")
+BUNDLED_DATASETS = ("glyphs", "icons", "iconify")
 
 # Settings that may differ between an interrupted run and its --resume without changing what
 # is computed: they are left out of the config fingerprint stored in checkpoints.
@@ -463,7 +464,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset: st
     g = parser.add_argument_group("data")
     g.add_argument("--dataset", default=default_dataset, choices=sorted(DATASET_ALIASES),
                    help="'auto': the real benchmark when its folder is found (--data-root or its environment "
-                        "variable), else the bundled glyphs. 'glyphs' and 'icons' are bundled.")
+                        "variable), else the bundled glyphs. Bundled: glyphs, icons, iconify.")
     g.add_argument("--data-root", default=None, metavar="DIR",
                    help="Folder holding the benchmark (e.g. the extracted Cars196 folder).")
     g.add_argument("--image-size", type=positive_int, default=224, metavar="PX",

@@ -251,10 +251,10 @@ class SkippingEmbeddingSpaceTester(GlobalEmbeddingSpaceTester):
 
 
 def eval_protocol(dataset_name: str) -> List[Tuple[str, List[str]]]:
-    """Query/reference splits: In-Shop, the bundled glyphs (held-out type style as queries) and the
-    bundled icons (held-out icon themes as queries) are query→gallery; CUB, Cars and SOP are
-    test→test (leave-one-out)."""
-    if dataset_name in ("inshop", "glyphs", "icons"):
+    """Query/reference splits: In-Shop, the bundled glyphs (held-out type style as queries), the
+    bundled icons and the bundled Iconify sets (held-out themes or sets as queries) are
+    query→gallery; CUB, Cars and SOP are test→test (leave-one-out)."""
+    if dataset_name in ("inshop", "glyphs", "icons", "iconify"):
         return [("query", ["gallery"])]
     return [("test", ["test"])]
 
