@@ -8,7 +8,8 @@ With :math:`\alpha_i = 1/\max(1 - c\|x_i\|^2, \varepsilon)`, :math:`\beta_j = 1/
 
 Forward: one kernel over (i, j) tiles; :math:`s_{ij}` is summed from explicit differences
 :math:`x_i - y_j` over the feature dimension (no Gram product, so nearby points keep every digit
-and the diagonal of ``(x, x)`` is exactly 0). A second, small kernel forms the row terms
+and the diagonal of ``(x, x)`` is exactly 0). When ``y`` is ``x`` only the tiles on and above the
+diagonal are computed, each written twice (the result is exactly symmetric). A second, small kernel forms the row terms
 :math:`\alpha_i` in float64 from float64 squares. Inputs in float16, bfloat16 or float32 are
 accumulated and returned in float32; float64 inputs in float64.
 
@@ -38,8 +39,6 @@ Design note: docs/design/gpu-kernel.md
 """
 from __future__ import annotations
 
-import math
-import os
 from typing import Optional
 
 import torch
@@ -64,9 +63,9 @@ OP_NAME = "pml_hyperbolic::pairwise_poincare_dist_triton"
 BACKWARD_OP_NAME = "pml_hyperbolic::pairwise_poincare_dist_triton_backward"
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Tile sizes: forward (i, j) tiles of _BM × _BN with _BK features per step; backward row blocks of
-# _BWD_BM rows (one program per block walks every j tile, so the gradient rows are summed in a fixed
-# order: no atomics, deterministic).
+# Tile sizes: forward (i, j) tiles of _BM × _BN (square: the symmetric forward mirrors tiles) with
+# _BK features per step; backward row blocks of _BWD_BM rows (one program per block walks every j
+# tile, so the gradient rows are summed in a fixed order: no atomics, deterministic).
 _BM, _BN, _BK = 32, 32, 8
 _BWD_BM, _BWD_BN, _BWD_BK = 16, 32, 8
 _ROWS_BLOCK, _ROWS_BK = 64, 32
@@ -126,23 +125,29 @@ if triton is not None:
     @triton.jit
     def _forward_kernel(X, Y, ROWX, ROWY, CPTR, OUT, N, M, D,
                         sxn, sxd, syn, syd, son, som,
-                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """OUT[i, j] = 2/√c · arsinh(√(c s_ij) √(α_i β_j)) for one BM × BN tile."""
-        acc_ty = ROWX.dtype.element_ty
-        ri = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
-        rj = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
-        mi = ri < N
-        mj = rj < M
-        s = _sq_dist_tile(X, Y, ri, rj, mi, mj, D, sxn, sxd, syn, syd,
-                          tl.zeros((BM, BN), dtype=acc_ty), BK)
-        ax = tl.load(ROWX + ri * 2, mask=mi, other=1.0)
-        ay = tl.load(ROWY + rj * 2, mask=mj, other=1.0)
-        c = tl.load(CPTR).to(acc_ty)
-        # √(α_i β_j) as one product: the same bits for (i, j) and (j, i), so (x, x) is exactly symmetric
-        t = tl.sqrt(c * s) * tl.sqrt(ax[:, None] * ay[None, :])
-        d = (2.0 / tl.sqrt(c)) * _asinh_nonneg(t)
-        tl.store(OUT + ri[:, None] * son + rj[None, :] * som, d.to(OUT.dtype.element_ty),
-                 mask=mi[:, None] & mj[None, :])
+                        SYM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """OUT[i, j] = 2/√c · arsinh(√(c s_ij) √(α_i β_j)) for one BM × BN tile. With SYM (Y is X,
+        BM = BN) only tiles on and above the diagonal compute, and each also writes its mirror."""
+        pid_i = tl.program_id(0)
+        pid_j = tl.program_id(1)
+        if (not SYM) or pid_j >= pid_i:
+            acc_ty = ROWX.dtype.element_ty
+            ri = (pid_i * BM + tl.arange(0, BM)).to(tl.int64)
+            rj = (pid_j * BN + tl.arange(0, BN)).to(tl.int64)
+            mi = ri < N
+            mj = rj < M
+            s = _sq_dist_tile(X, Y, ri, rj, mi, mj, D, sxn, sxd, syn, syd,
+                              tl.zeros((BM, BN), dtype=acc_ty), BK)
+            ax = tl.load(ROWX + ri * 2, mask=mi, other=1.0)
+            ay = tl.load(ROWY + rj * 2, mask=mj, other=1.0)
+            c = tl.load(CPTR).to(acc_ty)
+            # √(α_i β_j) as one product: the same bits for (i, j) and (j, i), so (x, x) is exactly symmetric
+            t = tl.sqrt(c * s) * tl.sqrt(ax[:, None] * ay[None, :])
+            d = ((2.0 / tl.sqrt(c)) * _asinh_nonneg(t)).to(OUT.dtype.element_ty)
+            mij = mi[:, None] & mj[None, :]
+            tl.store(OUT + ri[:, None] * son + rj[None, :] * som, d, mask=mij)
+            if SYM:
+                tl.store(OUT + rj[None, :] * son + ri[:, None] * som, d, mask=mij)
 
     @triton.jit
     def _backward_kernel(A, B, U, ROWA, ROWB, CPTR, GACC, GOUT, RSUM, UDSUM, NA, NB, D,
@@ -306,7 +311,7 @@ def _forward_impl(x: Tensor, y: Optional[Tensor], c: Tensor) -> Tensor:
     wrap_triton(_forward_kernel)[grid](x, other, rows_x, rows_y, c64, out, n, m, d,
                                        x.stride(0), x.stride(1), other.stride(0), other.stride(1),
                                        out.stride(0), out.stride(1),
-                                       BM=_BM, BN=_BN, BK=_BK, num_warps=_NUM_WARPS)
+                                       SYM=y is None, BM=_BM, BN=_BN, BK=_BK, num_warps=_NUM_WARPS)
     return out
 
 
