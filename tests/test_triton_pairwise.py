@@ -153,6 +153,22 @@ def test_backward_matches_float64_autograd(c):
 
 
 @in_interpreter
+def test_a_learnable_curvature_of_a_geometry_gets_its_gradient():
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    x64 = ball_points(24, 8, 0.5, seed=16).float().double()
+    y64 = ball_points(19, 8, 0.5, seed=17).float().double()
+    upstream = torch.randn(24, 19, generator=torch.Generator().manual_seed(18), dtype=torch.float64)
+    geometry, twin = PoincareGeometry(c=0.5, learnable_c=True), PoincareGeometry(c=0.5, learnable_c=True)
+    (dist(x64.float(), y64.float(), geometry) * upstream.float()).sum().backward()
+    (reference(x64, y64, twin.curvature(torch.float64)) * upstream).sum().backward()
+    got = [p.grad for p in geometry.parameters() if p.requires_grad]
+    want = [p.grad for p in twin.parameters() if p.requires_grad]
+    assert len(got) == len(want) == 1 and got[0] is not None
+    assert torch.allclose(got[0].double(), want[0].double(), rtol=1e-5, atol=0)
+
+
+@in_interpreter
 @pytest.mark.parametrize("c", [0.1, 1.0])
 def test_x_is_y_gradient_adds_both_sides_and_is_zero_safe(c):
     x64 = ball_points(40, 24, c, seed=6).float().double()  # rows 0 and 3 coincide: w = 0 off the diagonal
