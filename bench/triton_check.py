@@ -4,6 +4,7 @@
     python -m bench triton_check                      # CUDA: every check, N = 900 and 4096, D = 128
     python -m bench triton_check --sizes 900 --repeats 10
     python -m bench triton_check --device cpu         # smoke run in Triton's interpreter (small sizes, no timing)
+    python -m bench triton_check --compile-only       # no GPU needed: compile every kernel for sm_90 (ptxas -v)
 
 1. Accuracy (``pml_hyperbolic.kernels.triton_pairwise.pairwise_poincare_dist_triton``): n = 300 and
    900 points (``--accuracy-sizes``), D = 128, c = 0.1 and 1.0, distances to the origin uniform in
@@ -20,6 +21,11 @@
    CUDA-event medians over ``--repeats`` interleaved repeats (the three methods alternate) after
    warm-up; peak memory is ``torch.cuda.max_memory_allocated`` over one forward+backward, reset
    before it, minus the memory held before (inputs included in neither).
+
+``--compile-only`` needs no GPU: it compiles each kernel (row terms, forward and backward, x is y
+and not) for every input dtype through Triton's full pipeline to a cubin for ``--arch`` (default 90,
+H100/H200) and runs the bundled ``ptxas -v`` on the PTX for registers and spills. It catches what the
+interpreter cannot (typing and lowering errors) but runs nothing.
 
 ``route_pairwise_to_triton()`` makes ``poincare_ball.pairwise_dist`` take the Triton kernels for CUDA
 tensors (the intended dispatch); ``python -m bench gpu_step --pairwise triton`` uses it for the
@@ -151,6 +157,67 @@ def opcheck_rows(device):
     return rows
 
 
+_DTYPE_CODES = {"float32": ("fp32", "fp32"), "float16": ("fp16", "fp32"), "bfloat16": ("bf16", "fp32"),
+                "float64": ("fp64", "fp64")}
+
+
+def compile_rows(tp, arch, dtypes):
+    """Compile every kernel for a CUDA target without a GPU; one row per kernel and dtype."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    rows = []
+    for name in dtypes:
+        inp, acc = _DTYPE_CODES[name]
+        strides = lambda *names: {n: "i32" for n in names}  # noqa: E731
+        cases = [("row terms", tp._row_terms_kernel,
+                  {"X": f"*{inp}", "CPTR": "*fp64", "ROWS": f"*{acc}", **strides("N", "D", "sxn", "sxd")},
+                  {"FLOOR": 2.0 ** -60, "BR": tp._ROWS_BLOCK, "BK": tp._ROWS_BK})]
+        for sym in (False, True):
+            cases.append((f"forward{' x is y' if sym else ''}", tp._forward_kernel,
+                          {"X": f"*{inp}", "Y": f"*{inp}", "ROWX": f"*{acc}", "ROWY": f"*{acc}", "CPTR": "*fp64",
+                           "OUT": f"*{acc}", **strides("N", "M", "D", "sxn", "sxd", "syn", "syd", "son", "som")},
+                          {"SYM": sym, "BM": tp._BM, "BN": tp._BN, "BK": tp._BK}))
+            cases.append((f"backward{' x is y' if sym else ''}", tp._backward_kernel,
+                          {"A": f"*{inp}", "B": f"*{inp}", "U": "*fp32", "ROWA": f"*{acc}", "ROWB": f"*{acc}",
+                           "CPTR": "*fp64", "GACC": f"*{acc}", "GOUT": f"*{inp}", "RSUM": f"*{acc}", "UDSUM": f"*{acc}",
+                           **strides("NA", "NB", "D", "san", "sad", "sbn", "sbd", "su_a", "su_b", "sgn", "sgd", "son",
+                                     "sod")},
+                          {"SYM": sym, "BM": tp._BWD_BM, "BN": tp._BWD_BN, "BK": tp._BWD_BK}))
+        for label, fn, signature, constants in cases:
+            row = {"check": "compile", "arch": f"sm_{arch}", "dtype": name, "kernel": label}
+            try:
+                kernel = triton.compile(ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constants),
+                                        target=target, options={"num_warps": tp._NUM_WARPS})
+                row["passed"] = "cubin" in kernel.asm
+                if os.path.exists(ptxas):
+                    with tempfile.TemporaryDirectory() as folder:
+                        ptx = os.path.join(folder, "k.ptx")
+                        with open(ptx, "w", encoding="utf-8") as fh:
+                            fh.write(kernel.asm["ptx"])
+                        info = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}a" if arch >= 90 else
+                                               f"--gpu-name=sm_{arch}", ptx, "-o", os.path.join(folder, "k.cubin")],
+                                              capture_output=True, text=True).stderr
+                    regs = re.search(r"Used (\d+) registers", info)
+                    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+                    row["registers"] = int(regs.group(1)) if regs else None
+                    row["spill bytes"] = sum(map(int, spills.groups())) if spills else None
+            except Exception as err:  # report every kernel, then fail
+                row["passed"], row["error"] = False, f"{type(err).__name__}: {str(err)[:500]}"
+            print(f"compile sm_{arch} {name:<8} {label:<18} {'ok' if row['passed'] else 'FAILED'}"
+                  + (f", {row['registers']} registers, {row['spill bytes']} bytes spilled" if row.get("registers")
+                     else "") + (f" ({row['error']})" if "error" in row else ""), flush=True)
+            rows.append(row)
+    return rows
+
+
 def _time_ms(fn, torch):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -225,7 +292,23 @@ def main(argv=None) -> list:
     parser.add_argument("--accuracy-sizes", default=None,
                         help="n of the accuracy rows (default 300,900 on CUDA, 40 on the CPU)")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats per method (medians)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the kernels for --arch without a GPU (and run ptxas -v); nothing runs")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability of --compile-only (90: H100/H200)")
+    parser.add_argument("--dtypes", default=",".join(_DTYPE_CODES), help="input dtypes of --compile-only")
     a = parser.parse_args(argv)
+    if a.compile_only:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise SystemExit("--compile-only compiles real kernels: run it without TRITON_INTERPRET=1")
+        dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+        unknown = [d for d in dtypes if d not in _DTYPE_CODES]
+        if unknown or not dtypes:
+            parser.error(f"--dtypes: unknown {unknown} (choose among {', '.join(_DTYPE_CODES)})")
+        from pml_hyperbolic.kernels import triton_pairwise as tp
+
+        rows = compile_rows(tp, a.arch, dtypes)
+        print("triton compile ok" if all(r["passed"] for r in rows) else "triton compile FAILED")
+        return rows
     if a.device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--device cpu needs TRITON_INTERPRET=1 before triton is imported: "
