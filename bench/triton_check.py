@@ -187,10 +187,14 @@ def compile_rows(tp, arch, dtypes):
                           {"SYM": sym, "BM": tp._BM, "BN": tp._BN, "BK": tp._BK}))
             cases.append((f"backward{' x is y' if sym else ''}", tp._backward_kernel,
                           {"A": f"*{inp}", "B": f"*{inp}", "U": "*fp32", "ROWA": f"*{acc}", "ROWB": f"*{acc}",
-                           "CPTR": "*fp64", "GACC": f"*{acc}", "GOUT": f"*{inp}", "RSUM": f"*{acc}", "UDSUM": f"*{acc}",
-                           **strides("NA", "NB", "D", "san", "sad", "sbn", "sbd", "su_a", "su_b", "sgn", "sgd", "son",
-                                     "sod")},
+                           "CPTR": "*fp64", "GACC": f"*{acc}", "RSUM": f"*{acc}", "UDSUM": f"*{acc}",
+                           **strides("NA", "NB", "D", "san", "sad", "sbn", "sbd", "su_a", "su_b", "sgs", "sgn", "sgd")},
                           {"SYM": sym, "BM": tp._BWD_BM, "BN": tp._BWD_BN, "BK": tp._BWD_BK}))
+        cases.append(("backward finish", tp._finish_kernel,
+                      {"A": f"*{inp}", "ROWA": f"*{acc}", "CPTR": "*fp64", "GACC": f"*{acc}", "RSUM": f"*{acc}",
+                       "UDSUM": f"*{acc}", "GOUT": f"*{inp}", "RSUM_OUT": f"*{acc}", "UDSUM_OUT": f"*{acc}",
+                       **strides("NA", "D", "NSPLIT", "san", "sad", "sgs", "sgn", "sgd", "son", "sod")},
+                      {"BM": tp._FIN_BM, "BK": tp._FIN_BK}))
         for label, fn, signature, constants in cases:
             row = {"check": "compile", "arch": f"sm_{arch}", "dtype": name, "kernel": label}
             try:

@@ -21,7 +21,9 @@ Backward, with upstream :math:`U`, :math:`\rho_{ij} = t_{ij}/\sqrt{1 + t_{ij}^2}
           + [1 - c\|x_i\|^2 > \varepsilon]\; x_i \sum_j \frac{U_{ij}\rho_{ij}}{\sqrt c}\Big],
 
 the same with the roles swapped for :math:`y` (one launch per side; when ``y`` is ``x`` a single
-launch with :math:`U + U^\top`), and
+launch with :math:`U + U^\top`). Each row block's walk over the other side may be split into a few
+partial sums (to fill the GPU when there are few rows), which a small kernel then adds in a fixed
+order: no atomics, so the result does not depend on scheduling. And
 
 .. math:: \frac{\partial \mathcal L}{\partial c} = -\frac{1}{2c}\sum_{ij} U_{ij} D_{ij}
           + \sum_{ij} \frac{U_{ij}\rho_{ij}}{\sqrt c}\Big(\frac1c + r_i + r'_j\Big), \qquad
@@ -48,13 +50,11 @@ from pml_hyperbolic.poincare_ball import DENOM_FLOOR, as_curvature
 
 try:  # Triton is optional: without it the module imports, and the entry point says why it cannot run
     import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
     _TRITON_IMPORT_ERROR: Optional[BaseException] = None
 except ImportError as error:  # pragma: no cover - depends on the installation
     triton = None
-    tl = None
     _TRITON_IMPORT_ERROR = error
 
 #: Name of the forward op (``torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton``).
@@ -64,152 +64,29 @@ BACKWARD_OP_NAME = "pml_hyperbolic::pairwise_poincare_dist_triton_backward"
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Tile sizes: forward (i, j) tiles of _BM × _BN (square: the symmetric forward mirrors tiles) with
-# _BK features per step; backward row blocks of _BWD_BM rows (one program per block walks every j
-# tile, so the gradient rows are summed in a fixed order: no atomics, deterministic).
+# _BK features per step; backward row blocks of _BWD_BM rows, each walking its share of the j tiles
+# (up to _MAX_SPLITS shares, partial sums reduced in a fixed order: no atomics, deterministic).
 _BM, _BN, _BK = 32, 32, 8
 _BWD_BM, _BWD_BN, _BWD_BK = 16, 32, 8
+_FIN_BM, _FIN_BK = 32, 32
+_MAX_SPLITS = 16
 _ROWS_BLOCK, _ROWS_BK = 64, 32
+# Tests set this to force a number of splits (the interpreter has no multiprocessor count).
+_SPLITS_OVERRIDE: Optional[int] = None
 _NUM_WARPS = 4
 
 
 if triton is not None:
-
-    @triton.jit
-    def _asinh_nonneg(t):
-        """arsinh(t) for t ≥ 0: odd series below 0.1 (the log of a number near 1 would lose digits
-        on approximate log units), log(t + √(1 + t²)) up to 1e8, log(2t) above (t² overflows)."""
-        small = tl.where(t < 0.1, t, 0.0)  # keeps the unused branches finite
-        z = small * small
-        series = small * (1.0 + z * (-1.0 / 6.0 + z * (3.0 / 40.0 + z * (-5.0 / 112.0 + z * (
-            35.0 / 1152.0 + z * (-63.0 / 2816.0 + z * (231.0 / 13312.0)))))))
-        big = tl.where(t > 1e8, 1.0, t)
-        middle = tl.log(big + tl.sqrt(1.0 + big * big))
-        large = tl.log(tl.where(t > 1e8, t, 1.0)) + 0.6931471805599453
-        return tl.where(t < 0.1, series, tl.where(t > 1e8, large, middle))
-
-    @triton.jit
-    def _row_terms_kernel(X, CPTR, ROWS, N, D, sxn, sxd,
-                          FLOOR: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-        """ROWS[i] = (α_i, r_i): α_i = 1/max(1 − c‖x_i‖², FLOOR), r_i = ‖x_i‖²α_i (0 where floored),
-        with ‖x_i‖² summed in float64 from float64 squares."""
-        rows = tl.program_id(0) * BR + tl.arange(0, BR)
-        rmask = rows < N
-        r64 = rows.to(tl.int64)
-        sq = tl.zeros((BR,), dtype=tl.float64)
-        for k0 in range(0, D, BK):
-            k = k0 + tl.arange(0, BK)
-            v = tl.load(X + r64[:, None] * sxn + k[None, :] * sxd, mask=rmask[:, None] & (k < D)[None, :],
-                        other=0.0).to(tl.float64)
-            sq += tl.sum(v * v, axis=1)
-        c = tl.load(CPTR).to(tl.float64)
-        a = 1.0 - c * sq
-        live = a > FLOOR
-        alpha = 1.0 / tl.maximum(a, FLOOR)
-        r = tl.where(live, sq * alpha, 0.0)
-        out_ty = ROWS.dtype.element_ty
-        tl.store(ROWS + r64 * 2, alpha.to(out_ty), mask=rmask)
-        tl.store(ROWS + r64 * 2 + 1, r.to(out_ty), mask=rmask)
-
-    @triton.jit
-    def _sq_dist_tile(X, Y, ri, rj, mi, mj, D, sxn, sxd, syn, syd, s, BK: tl.constexpr):
-        """s[i, j] += Σ_k (x_ik − y_jk)² over all features, in s's dtype."""
-        for k0 in range(0, D, BK):
-            k = k0 + tl.arange(0, BK)
-            mk = k < D
-            xv = tl.load(X + ri[:, None] * sxn + k[None, :] * sxd, mask=mi[:, None] & mk[None, :], other=0.0)
-            yv = tl.load(Y + rj[:, None] * syn + k[None, :] * syd, mask=mj[:, None] & mk[None, :], other=0.0)
-            diff = xv.to(s.dtype)[:, None, :] - yv.to(s.dtype)[None, :, :]
-            s += tl.sum(diff * diff, axis=2)
-        return s
-
-    @triton.jit
-    def _forward_kernel(X, Y, ROWX, ROWY, CPTR, OUT, N, M, D,
-                        sxn, sxd, syn, syd, son, som,
-                        SYM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """OUT[i, j] = 2/√c · arsinh(√(c s_ij) √(α_i β_j)) for one BM × BN tile. With SYM (Y is X,
-        BM = BN) only tiles on and above the diagonal compute, and each also writes its mirror."""
-        pid_i = tl.program_id(0)
-        pid_j = tl.program_id(1)
-        if (not SYM) or pid_j >= pid_i:
-            acc_ty = ROWX.dtype.element_ty
-            ri = (pid_i * BM + tl.arange(0, BM)).to(tl.int64)
-            rj = (pid_j * BN + tl.arange(0, BN)).to(tl.int64)
-            mi = ri < N
-            mj = rj < M
-            s = _sq_dist_tile(X, Y, ri, rj, mi, mj, D, sxn, sxd, syn, syd,
-                              tl.zeros((BM, BN), dtype=acc_ty), BK)
-            ax = tl.load(ROWX + ri * 2, mask=mi, other=1.0)
-            ay = tl.load(ROWY + rj * 2, mask=mj, other=1.0)
-            c = tl.load(CPTR).to(acc_ty)
-            # √(α_i β_j) as one product: the same bits for (i, j) and (j, i), so (x, x) is exactly symmetric
-            t = tl.sqrt(c * s) * tl.sqrt(ax[:, None] * ay[None, :])
-            d = ((2.0 / tl.sqrt(c)) * _asinh_nonneg(t)).to(OUT.dtype.element_ty)
-            mij = mi[:, None] & mj[None, :]
-            tl.store(OUT + ri[:, None] * son + rj[None, :] * som, d, mask=mij)
-            if SYM:
-                tl.store(OUT + rj[None, :] * son + ri[:, None] * som, d, mask=mij)
-
-    @triton.jit
-    def _backward_kernel(A, B, U, ROWA, ROWB, CPTR, GACC, GOUT, RSUM, UDSUM, NA, NB, D,
-                         san, sad, sbn, sbd, su_a, su_b, sgn, sgd, son, sod,
-                         SYM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        """Gradient of Σ U·D with respect to the rows of A (the other side B held fixed) for one block
-        of BM rows, walking every tile of B in order. U[a, b] is read as U + a·su_a + b·su_b (and,
-        with SYM, U[a, b] + U[b, a]). GACC holds Σ_j L_ij (a_i − b_j) while the walk lasts; GOUT
-        (which may be GACC itself) gets the gradient. RSUM[i] = Σ_j U_ij ρ_ij/√c and
-        UDSUM[i] = Σ_j U_ij D_ij feed the curvature's gradient."""
-        acc_ty = ROWA.dtype.element_ty
-        ri = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
-        mi = ri < NA
-        alpha_a = tl.load(ROWA + ri * 2, mask=mi, other=1.0)
-        live_a = tl.load(ROWA + ri * 2 + 1, mask=mi, other=0.0) > 0.0
-        c = tl.load(CPTR).to(acc_ty)
-        sqc = tl.sqrt(c)
-        rsum = tl.zeros((BM,), dtype=acc_ty)
-        udsum = tl.zeros((BM,), dtype=acc_ty)
-        for j0 in range(0, NB, BN):
-            rj = (j0 + tl.arange(0, BN)).to(tl.int64)
-            mj = rj < NB
-            mij = mi[:, None] & mj[None, :]
-            s = _sq_dist_tile(A, B, ri, rj, mi, mj, D, san, sad, sbn, sbd,
-                              tl.zeros((BM, BN), dtype=acc_ty), BK)
-            alpha_b = tl.load(ROWB + rj * 2, mask=mj, other=1.0)
-            u = tl.load(U + ri[:, None] * su_a + rj[None, :] * su_b, mask=mij, other=0.0).to(acc_ty)
-            if SYM:
-                u += tl.load(U + rj[None, :] * su_a + ri[:, None] * su_b, mask=mij, other=0.0).to(acc_ty)
-            t = tl.sqrt(c * s) * tl.sqrt(alpha_a[:, None] * alpha_b[None, :])
-            sq1 = tl.sqrt(1.0 + t * t)  # inf once t² overflows: then L → 0 and ρ = 1 below
-            rho = tl.where(t > 1e8, 1.0, t / sq1)
-            positive = t > 0.0
-            el = tl.where(positive, (alpha_b[None, :] * u) / (sqc * tl.where(positive, t, 1.0) * sq1), 0.0)
-            rsum += tl.sum(u * rho, axis=1) / sqc
-            udsum += tl.sum(u * ((2.0 / sqc) * _asinh_nonneg(t)), axis=1)
-            for k0 in range(0, D, BK):
-                k = k0 + tl.arange(0, BK)
-                mk = k < D
-                av = tl.load(A + ri[:, None] * san + k[None, :] * sad, mask=mi[:, None] & mk[None, :], other=0.0)
-                bv = tl.load(B + rj[:, None] * sbn + k[None, :] * sbd, mask=mj[:, None] & mk[None, :], other=0.0)
-                diff = av.to(acc_ty)[:, None, :] - bv.to(acc_ty)[None, :, :]
-                part = tl.sum(el[:, :, None] * diff, axis=1)
-                gptr = GACC + ri[:, None] * sgn + k[None, :] * sgd
-                gmask = mi[:, None] & mk[None, :]
-                tl.store(gptr, tl.load(gptr, mask=gmask, other=0.0) + part, mask=gmask)
-        scale = 2.0 * c * alpha_a
-        radial = tl.where(live_a, rsum, 0.0)
-        for k0 in range(0, D, BK):
-            k = k0 + tl.arange(0, BK)
-            mk = k < D
-            gmask = mi[:, None] & mk[None, :]
-            av = tl.load(A + ri[:, None] * san + k[None, :] * sad, mask=gmask, other=0.0).to(acc_ty)
-            g = tl.load(GACC + ri[:, None] * sgn + k[None, :] * sgd, mask=gmask, other=0.0)
-            g = scale[:, None] * (g + radial[:, None] * av)
-            tl.store(GOUT + ri[:, None] * son + k[None, :] * sod, g.to(GOUT.dtype.element_ty), mask=gmask)
-        tl.store(RSUM + ri, rsum, mask=mi)
-        tl.store(UDSUM + ri, udsum, mask=mi)
+    from pml_hyperbolic.kernels.triton_pairwise_kernels import (
+        _backward_kernel,
+        _finish_kernel,
+        _forward_kernel,
+        _row_terms_kernel,
+    )
 
 
 def _interpreted() -> bool:
-    """True when the kernels above were built for Triton's interpreter (``TRITON_INTERPRET=1`` at
+    """True when the kernels were built for Triton's interpreter (``TRITON_INTERPRET=1`` at
     import): they then run on CPU tensors."""
     if triton is None:
         return False
@@ -274,25 +151,39 @@ def _row_terms(x: Tensor, c64: Tensor, acc: torch.dtype) -> Tensor:
     return rows
 
 
+def _splits(a: Tensor, na: int, nb: int) -> int:
+    """How many parts the walk over the other side's tiles is split into: enough programs to fill
+    the GPU (about four per multiprocessor) when there are few row blocks, at most one per tile."""
+    if _SPLITS_OVERRIDE is not None:
+        return max(1, min(_SPLITS_OVERRIDE, triton.cdiv(nb, _BWD_BN)))
+    if a.device.type != "cuda":
+        return 1
+    programs = 4 * torch.cuda.get_device_properties(a.device).multi_processor_count
+    return max(1, min(triton.cdiv(programs, triton.cdiv(na, _BWD_BM)), triton.cdiv(nb, _BWD_BN), _MAX_SPLITS))
+
+
 def _side_gradient(a: Tensor, b: Tensor, grad: Tensor, su_a: int, su_b: int, rows_a: Tensor, rows_b: Tensor,
                    c64: Tensor, acc: torch.dtype, sym: bool):
-    """(gradient for a's rows in a's dtype, RSUM, UDSUM) from one launch of the backward kernel."""
+    """(gradient for a's rows in a's dtype, RSUM, UDSUM): the split walk, then the finishing pass."""
     na, nb, d = a.shape[0], b.shape[0], a.shape[1]
-    gacc = torch.zeros((na, d), dtype=acc, device=a.device)
-    gout = gacc if a.dtype == acc else torch.empty((na, d), dtype=a.dtype, device=a.device)
+    gout = torch.empty((na, d), dtype=a.dtype, device=a.device)
     rsum = torch.empty((na,), dtype=acc, device=a.device)
     udsum = torch.empty((na,), dtype=acc, device=a.device)
-    if na and nb and d:
-        grid = (triton.cdiv(na, _BWD_BM),)
-        wrap_triton(_backward_kernel)[grid](
-            a, b, grad, rows_a, rows_b, c64, gacc, gout, rsum, udsum, na, nb, d,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), su_a, su_b,
-            gacc.stride(0), gacc.stride(1), gout.stride(0), gout.stride(1),
-            SYM=sym, BM=_BWD_BM, BN=_BWD_BN, BK=_BWD_BK, num_warps=_NUM_WARPS)
-    else:  # nothing to walk (no pairs or no features): the gradient and the sums are 0
-        gout.zero_()
-        rsum.zero_()
-        udsum.zero_()
+    if not (na and nb and d):  # nothing to walk (no pairs or no features): the gradient and the sums are 0
+        return gout.zero_(), rsum.zero_(), udsum.zero_()
+    splits = _splits(a, na, nb)
+    gacc = torch.zeros((splits, na, d), dtype=acc, device=a.device)
+    rpart = torch.empty((splits, na), dtype=acc, device=a.device)
+    upart = torch.empty((splits, na), dtype=acc, device=a.device)
+    wrap_triton(_backward_kernel)[(triton.cdiv(na, _BWD_BM), splits)](
+        a, b, grad, rows_a, rows_b, c64, gacc, rpart, upart, na, nb, d,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), su_a, su_b,
+        gacc.stride(0), gacc.stride(1), gacc.stride(2),
+        SYM=sym, BM=_BWD_BM, BN=_BWD_BN, BK=_BWD_BK, num_warps=_NUM_WARPS)
+    wrap_triton(_finish_kernel)[(triton.cdiv(na, _FIN_BM),)](
+        a, rows_a, c64, gacc, rpart, upart, gout, rsum, udsum, na, d, splits,
+        a.stride(0), a.stride(1), gacc.stride(0), gacc.stride(1), gacc.stride(2), gout.stride(0), gout.stride(1),
+        BM=_FIN_BM, BK=_FIN_BK, num_warps=_NUM_WARPS)
     return gout, rsum, udsum
 
 
