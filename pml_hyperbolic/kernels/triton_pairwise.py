@@ -9,9 +9,9 @@ With :math:`\alpha_i = 1/\max(1 - c\|x_i\|^2, \varepsilon)`, :math:`\beta_j = 1/
 Forward: one kernel over (i, j) tiles; :math:`s_{ij}` is summed from explicit differences
 :math:`x_i - y_j` over the feature dimension (no Gram product, so nearby points keep every digit
 and the diagonal of ``(x, x)`` is exactly 0). When ``y`` is ``x`` only the tiles on and above the
-diagonal are computed, each written twice (the result is exactly symmetric). A second, small kernel forms the row terms
-:math:`\alpha_i` in float64 from float64 squares. Inputs in float16, bfloat16 or float32 are
-accumulated and returned in float32; float64 inputs in float64.
+diagonal are computed, each written twice (the result is exactly symmetric). A second, small
+kernel forms the row terms :math:`\alpha_i` in float64 from float64 squares. Inputs in float16,
+bfloat16 or float32 are accumulated and returned in float32; float64 inputs in float64.
 
 Backward, with upstream :math:`U`, :math:`\rho_{ij} = t_{ij}/\sqrt{1 + t_{ij}^2}` and
 :math:`L_{ij} = \beta_j U_{ij} / (\sqrt c\, t_{ij}\sqrt{1 + t_{ij}^2})` (:math:`L_{ij} = 0` where
