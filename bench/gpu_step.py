@@ -481,6 +481,8 @@ def parse_arguments(argv=None):
                         help="keep the synthetic batch on the CPU: each step then copies it to the device")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU runs)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the numbers to PATH")
+    parser.add_argument("--pairwise", default="torch", choices=["torch", "triton"],
+                        help="pairwise_dist on CUDA: the torch path or the Triton kernels (bench/triton_check.py)")
     opts = parser.parse_args(argv)
     rows = [r.strip() for r in opts.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROW_NAMES]
@@ -537,6 +539,9 @@ def main(argv=None) -> dict:
     device = resolve_device(opts.device)
     opts.device = str(device)
     check_dependencies()
+    if opts.pairwise == "triton":
+        from bench.triton_check import route_pairwise_to_triton
+        route_pairwise_to_triton()
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     import pml_hyperbolic
@@ -614,7 +619,8 @@ def main(argv=None) -> dict:
               "python": platform.python_version(), "load": info,
               "settings": {"rows": opts.rows, "steps": opts.steps, "warmup": opts.warmup, "seed": opts.seed,
                            "batch_on_host": opts.batch_on_host, "vit_dataset": opts.vit_dataset,
-                           "image_size": first.image_size, "backbone": first.backbone, "amp": first.amp},
+                           "image_size": first.image_size, "backbone": first.backbone, "amp": first.amp,
+                           "pairwise": opts.pairwise},
               "rows": rows, "summary": summary}
     if opts.json:
         with open(opts.json, "w") as handle:
