@@ -56,6 +56,8 @@ def is_manifold_tensor(x: object) -> bool:
 
 def _softplus_curvature(obj):
     """The hypll ``Curvature`` with hypll's default softplus constraint behind ``obj``, or None."""
+    if getattr(obj, "_is_pml_geometry", False):
+        obj = obj.c._modules.get("source")  # a geometry reading a hypll object by reference, or None
     if isinstance(obj, PoincareBall) and not getattr(obj, "_is_pml_geometry", False):
         obj = obj.c
     if isinstance(obj, Curvature) and obj.constraining_strategy is torch.nn.functional.softplus:
