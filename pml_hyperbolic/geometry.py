@@ -344,8 +344,7 @@ class PoincareGeometry(PoincareBall):
         v = pb.check_tensor(v, "features")
         pb.check_finite(v, "features")
         v = v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
-        c = self.curvature(pb._wide_dtype(v), v.device)
-        return pb.project(pb.expmap0(self.clip_tangent(v), c), c)
+        return map_to_ball(v, self.curvature(pb._wide_dtype(v), v.device), self.clip_r, self.clip)
 
     def dist0(self, x: Tensor) -> Tensor:
         """Geodesic distance of ball points to the origin (the Hyp-UML uncertainty's input).
