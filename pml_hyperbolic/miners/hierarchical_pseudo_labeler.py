@@ -100,7 +100,9 @@ class HierarchicalPseudoLabeler:
     Args:
         levels: cluster counts per level, finest first (strictly decreasing, ≥ 1). ``None`` (the
             default) means (100, 70, 40, 10) unless ``distance_thresholds`` is given.
-        c: curvature of the ball (default 0.1, the Hyp-ViT/HypMix head; Yan et al. use 1).
+        c: the geometry of the ball, or a curvature (:func:`~pml_hyperbolic.geometry.as_geometry`);
+            None (default): :func:`~pml_hyperbolic.geometry.default_geometry`, the Hyp-ViT/HypMix
+            head's (Yan et al. use c = 1).
         distance_thresholds: linkage heights per level (strictly increasing); excludes ``levels``.
         exact_max_samples: largest N clustered exactly.
         n_fine_clusters: k-means clusters of the approximate path (``None``: see above).
@@ -127,7 +129,7 @@ class HierarchicalPseudoLabeler:
     def __init__(
         self,
         levels: Sequence[int] | None = None,
-        c: float | torch.Tensor | torch.nn.Module = 0.1,
+        c: float | torch.Tensor | torch.nn.Module | None = None,
         distance_thresholds: Sequence[float] | None = None,
         exact_max_samples: int = 4096,
         n_fine_clusters: int | None = None,
@@ -144,8 +146,8 @@ class HierarchicalPseudoLabeler:
         else:
             self.levels = None
             self.distance_thresholds = _check_thresholds(distance_thresholds)
-        pb.as_curvature(c)  # ValueError naming c
-        self.c = c
+        from ..geometry import as_geometry  # noqa: E402 (the one conversion of c)
+        self.c = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
         self.exact_max_samples = _check_int(exact_max_samples, "exact_max_samples", 0)
         if n_fine_clusters is not None:
             n_fine_clusters = _check_int(n_fine_clusters, "n_fine_clusters", 2)

@@ -317,7 +317,6 @@ class Recipe(RecipeCommandLine):
         plot_poincare_disk(embeddings, labels, disk, c=self.geometry, radius_histogram=True)
         out["poincare_disk"] = disk
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
-        clip = getattr(self.args, "clip_r", None)
         import warnings
 
         with warnings.catch_warnings():
@@ -328,8 +327,7 @@ class Recipe(RecipeCommandLine):
                                                reference_embeddings=reference_embeddings,
                                                reference_labels=reference_labels,
                                                title=f"Recall@1 per uncertainty bin\n({protocol})",
-                                               n_bins=5,  # quintiles: enough queries per bin to read its recall
-                                               **({"clip_r": clip} if clip is not None else {}))
+                                               n_bins=5)  # quintiles: enough queries per bin to read its recall
         # The plot is drawn for every hyperbolic recipe; only Hyp-UML (whose loss uses the uncertainty)
         # explains a degenerate one. Its bins are printed in the end-of-run summary.
         radius_said = getattr(getattr(self, "evaluator", None), "radius_report", None) is not None  # in the summary
@@ -343,7 +341,7 @@ class Recipe(RecipeCommandLine):
 
         self.uncertainty_auroc = uncertainty_failure_auroc(
             embeddings, labels, c=self.geometry, reference_embeddings=reference_embeddings,
-            reference_labels=reference_labels, **({"clip_r": clip} if clip is not None else {}))
+            reference_labels=reference_labels)  # U's clip radius: the geometry's
         return out
 
     def retrieval_grid(self, embeddings: torch.Tensor, labels: torch.Tensor,
