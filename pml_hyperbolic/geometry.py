@@ -170,6 +170,8 @@ def map_to_ball(v: Tensor, c: Tensor, clip_r: float | None = None, mode: str | N
     Raises:
         TypeError: ``v`` is not a floating-point tensor.
         ValueError: ``mode`` is not one of :data:`CLIP_MODES`, or ``c`` is invalid.
+
+    Design note: docs/design/geometry.md
     """
     v = pb.check_tensor(v, "features")
     v = v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
@@ -378,6 +380,8 @@ def default_geometry() -> PoincareGeometry:
 
     Returns:
         A new :class:`PoincareGeometry` (not shared: pass one geometry to every component instead).
+
+    Design note: docs/design/geometry.md
     """
     return PoincareGeometry()
 
@@ -417,6 +421,8 @@ def as_geometry(c: "PoincareGeometry | float | Tensor | torch.nn.Module | None" 
             (the geometry owns them: set them when building it); a curvature outside
             :data:`C_RANGE`; a bad ``clip`` / ``clip_r``.
         TypeError: ``c`` is none of the accepted types (a bool or a string included).
+
+    Design note: docs/design/geometry.md
     """
     if isinstance(c, PoincareGeometry):
         given = [n for n, v in (("clip_r", clip_r), ("learnable_c", learnable_c), ("clip", clip)) if v is not _UNSET]
