@@ -507,7 +507,8 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def geometry(self):
         """The :class:`~pml_hyperbolic.geometry.PoincareGeometry` in use (curvature, proxy clipping)."""
         if "_geometry" not in self.__dict__:  # a loss pickled before it held one
-            self.__dict__["_geometry"] = self._proxy_geometry(self._c, self.__dict__.get("clip_r", "auto"))
+            clip_r = "auto" if self.__dict__.get("_geometry_clips") else self.__dict__.get("clip_r", "auto")
+            self.__dict__["_geometry"] = self._proxy_geometry(self._c, clip_r)
         return self.__dict__["_geometry"]
 
     @staticmethod
@@ -540,7 +541,11 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         x = self.proxies
         dtype = pb.compute_dtype(x.dtype if dtype is None else dtype)
         x = x.to(dtype)
-        return self.geometry.to_ball(x)  # the embeddings' own (overflow-safe) mapping, hard or tanh clip
+        # the geometry's own (overflow-safe) map, hard or tanh clip, as its to_ball (without to_ball's
+        # NaN scan: no device-to-host read per forward)
+        from ..geometry import map_to_ball
+        g = self.geometry
+        return map_to_ball(x, g.curvature(pb._wide_dtype(x), x.device), g.clip_r, g.clip)
 
     # ---- per-triplet LCA margin loss -------------------------------------------------------
     def _chunk_losses(self, dist, i, j, k):
