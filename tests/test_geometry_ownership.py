@@ -11,7 +11,7 @@ from hypll.manifolds.poincare_ball import Curvature, PoincareBall
 
 from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.distances import MixedGeometryDistance, PoincareDistance, PoincareSimilarity
-from pml_hyperbolic.evaluation import (HyperbolicKNN, plot_poincare_disk, plot_uncertainty_vs_recall,
+from pml_hyperbolic.evaluation import (HyperbolicIndex, HyperbolicKNN, plot_poincare_disk, plot_uncertainty_vs_recall,
                                        uncertainty_failure_auroc, uncertainty_recall_table)
 from pml_hyperbolic.evaluation.poincare_disk_plot import clip_distance
 from pml_hyperbolic.evaluation.radius_health import radius_collapse
@@ -124,6 +124,10 @@ def test_miners_and_evaluation_use_the_geometry(g, feats, tmp_path):
     assert UnsupervisedPseudoLabels(c=g).c is g
     knn = HyperbolicKNN(c=g)
     assert knn.geometry is g and knn.c == pytest.approx(C)
+    index = HyperbolicIndex(c=g)
+    index.add(x)
+    _, ids = index.search(x[:3], 1)
+    assert index.c == pytest.approx(C) and ids[:, 0].tolist() == [0, 1, 2]
     # the plots, the radius report and the uncertainty tables read the clip radius from the geometry
     assert clip_distance(g) == pytest.approx(2 * R)
     report = radius_collapse(g.to_ball(torch.randn(30, 8) * 50), g)
