@@ -157,7 +157,7 @@ def to_manifold_tensor(x: Tensor, geometry: PoincareBall) -> ManifoldTensor:
 # ---- losses and miners ------------------------------------------------------------------------
 
 #: attributes holding the geometry a module computes with (the distances' and HIERLoss's
-#: ``geometry``, the uncertainty losses' ``uncertainty_geometry``); the pseudo-labeler's ``c``
+#: ``geometry``, the uncertainty losses' ``uncertainty_geometry``); the pseudo-labeler's ``geometry``
 _GEOMETRY_ATTRS = ("geometry", "uncertainty_geometry")
 
 
@@ -181,7 +181,7 @@ def _expected_curvatures(module: torch.nn.Module) -> list:
             geometry = getattr(m, attr, None)
             if isinstance(geometry, PoincareBall):
                 add(geometry)
-    add(getattr(getattr(module, "pseudo_labeler", None), "c", None))
+    add(getattr(getattr(module, "pseudo_labeler", None), "geometry", None))
     return found
 
 

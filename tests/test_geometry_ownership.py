@@ -117,11 +117,11 @@ def test_miners_and_evaluation_use_the_geometry(g, feats, tmp_path):
     x = g.to_ball(feats)
     y = torch.arange(24) // 4
     labeler = HierarchicalPseudoLabeler(levels=[6, 2], c=g)
-    assert labeler.c is g
+    assert labeler.geometry is g and labeler.c == pytest.approx(C)
     assert HierarchicalSimilarityMiner(distance=PoincareDistance(c=g), pseudo_labeler=labeler).distance.geometry is g
     assert HardNegativeProbabilityMiner(distance=PoincareDistance(c=g)).distance.geometry is g
     assert MixedGeometryMiner(distances=[PoincareDistance(c=g)], temperatures=0.2).distances[0].geometry is g
-    assert UnsupervisedPseudoLabels(c=g).c is g
+    assert UnsupervisedPseudoLabels(c=g).geometry is g
     knn = HyperbolicKNN(c=g)
     assert knn.geometry is g and knn.c == pytest.approx(C)
     index = HyperbolicIndex(c=g)

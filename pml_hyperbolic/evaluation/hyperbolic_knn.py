@@ -38,9 +38,10 @@ class HyperbolicKNN:
 
     def __init__(self, c: float | torch.Tensor | object = DEFAULT_CURVATURE, **index_kwargs: Any):
         self.index_kwargs = dict(index_kwargs)
+        # build one index now so that bad arguments fail here (as the index reports them), not at the
+        # first evaluation
+        HyperbolicIndex(c=c, **self.index_kwargs)
         self.geometry: PoincareGeometry = as_geometry(c)  # a shared (learnable) one is read at every search
-        # build one index now so that bad arguments fail here, not at the first evaluation
-        HyperbolicIndex(c=self.geometry, **self.index_kwargs)
 
     def __setstate__(self, state: dict) -> None:
         # objects pickled when the curvature source was kept as given

@@ -147,7 +147,7 @@ class HierarchicalPseudoLabeler:
             self.levels = None
             self.distance_thresholds = _check_thresholds(distance_thresholds)
         from ..geometry import as_geometry  # noqa: E402 (the one conversion of c)
-        self.c = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
+        self.geometry = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
         self.exact_max_samples = _check_int(exact_max_samples, "exact_max_samples", 0)
         if n_fine_clusters is not None:
             n_fine_clusters = _check_int(n_fine_clusters, "n_fine_clusters", 2)
@@ -160,6 +160,11 @@ class HierarchicalPseudoLabeler:
         self.kmeans_iterations = _check_int(kmeans_iterations, "kmeans_iterations", 1)
         self.kmeans_points_per_cluster = _check_int(kmeans_points_per_cluster, "kmeans_points_per_cluster", 1)
         self.seed = _check_int(seed, "seed", 0)
+
+    @property
+    def c(self) -> float:
+        """The current curvature magnitude of :attr:`geometry` (read at each use)."""
+        return float(self.geometry.curvature(torch.float64).detach())
 
     @property
     def num_levels(self) -> int:

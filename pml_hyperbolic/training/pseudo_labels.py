@@ -324,11 +324,16 @@ class UnsupervisedPseudoLabels:
         if isinstance(min_cluster_size, bool) or not isinstance(min_cluster_size, (int, np.integer)) \
                 or min_cluster_size < 1:
             raise ValueError(f"min_cluster_size must be an integer >= 1, got {min_cluster_size!r}")
-        self.c = as_geometry(c)  # ValueError / TypeError naming c
+        self.geometry = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
         self.linkage, self.source = linkage, source
         self.min_cluster_size, self.seed = int(min_cluster_size), int(seed)
         self.rounds_ = 0
         self._cached = None
+
+    @property
+    def c(self) -> float:
+        """The current curvature magnitude of :attr:`geometry` (read at each use)."""
+        return float(self.geometry.curvature(torch.float64).detach())
 
     @classmethod
     def paper(cls, c: Any = DEFAULT_CURVATURE, seed: int = 0, levels: Sequence[int] = PAPER_PSEUDO_LEVELS,
@@ -427,7 +432,7 @@ class UnsupervisedPseudoLabels:
             return linkage_levels(tangent, levels, "ward"), tangent
         from ..miners import HierarchicalPseudoLabeler
 
-        labeler = HierarchicalPseudoLabeler(levels=levels, c=self.c, seed=self.seed)
+        labeler = HierarchicalPseudoLabeler(levels=levels, c=self.geometry, seed=self.seed)
         return labeler.fit_predict(z).numpy(), tangent
 
 
