@@ -41,6 +41,8 @@ _MAX_EXPLICIT_ELEMENTS = 1 << 22
 def _geometry_of(c, clip_r):
     """``c`` as a geometry; ``clip_r`` (unset: the default) builds a new one, or (deprecated)
     re-clips a given ``PoincareGeometry`` with its curvature by reference."""
+    if c is None:  # every mixed branch needs its own curvature
+        raise TypeError("c must be a curvature or a PoincareGeometry (or a sequence of them), got None")
     if not isinstance(c, PoincareGeometry):
         return as_geometry(c) if clip_r is _UNSET else as_geometry(c, clip_r=clip_r)
     if clip_r is _UNSET:
