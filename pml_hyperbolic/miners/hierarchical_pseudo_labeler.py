@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import poincare_ball as pb
+from ..geometry import DEFAULT_CURVATURE, as_geometry
 from ..manifold_tensors import unwrap_ball_tensor
 from ..threads import limited_threads, uncontended_threads
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
@@ -101,8 +102,8 @@ class HierarchicalPseudoLabeler:
         levels: cluster counts per level, finest first (strictly decreasing, ≥ 1). ``None`` (the
             default) means (100, 70, 40, 10) unless ``distance_thresholds`` is given.
         c: the geometry of the ball, or a curvature (:func:`~pml_hyperbolic.geometry.as_geometry`);
-            None (default): :func:`~pml_hyperbolic.geometry.default_geometry`, the Hyp-ViT/HypMix
-            head's (Yan et al. use c = 1).
+            default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`, the Hyp-ViT/HypMix head's
+            (Yan et al. use c = 1).
         distance_thresholds: linkage heights per level (strictly increasing); excludes ``levels``.
         exact_max_samples: largest N clustered exactly.
         n_fine_clusters: k-means clusters of the approximate path (``None``: see above).
@@ -129,7 +130,7 @@ class HierarchicalPseudoLabeler:
     def __init__(
         self,
         levels: Sequence[int] | None = None,
-        c: float | torch.Tensor | torch.nn.Module | None = None,
+        c: float | torch.Tensor | torch.nn.Module = DEFAULT_CURVATURE,
         distance_thresholds: Sequence[float] | None = None,
         exact_max_samples: int = 4096,
         n_fine_clusters: int | None = None,
@@ -146,7 +147,8 @@ class HierarchicalPseudoLabeler:
         else:
             self.levels = None
             self.distance_thresholds = _check_thresholds(distance_thresholds)
-        from ..geometry import as_geometry  # noqa: E402 (the one conversion of c)
+        if c is None:
+            raise TypeError("c must be a curvature or a PoincareGeometry, got None")
         self.geometry = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
         self.exact_max_samples = _check_int(exact_max_samples, "exact_max_samples", 0)
         if n_fine_clusters is not None:
