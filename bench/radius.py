@@ -243,7 +243,7 @@ def build(head_name, loss_name, feature_dim, embedding_dim=128):
         # cosine of its directions: the radius is left to the regulariser), HIER on the ball
         loss = _multi_similarity()
     elif loss_name == "uml":
-        loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, clip_r=2.3, distance=distance)
+        loss = UncertaintyAdaptiveContrastiveLoss(c=geometry, distance=distance)  # U's radius: the geometry's
     else:
         loss = PairwiseCrossEntropyLoss(temperature=CELL_SETTINGS["pce_temperature"], distance=distance)
     if loss_name in ("hier", "mshier"):
@@ -439,7 +439,7 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=N
         from pml_hyperbolic.uncertainty import hyperbolic_uncertainty, uncertainty_ratio_log
 
         with torch.no_grad():
-            u = hyperbolic_uncertainty(q, c=geometry, clip_r=2.3)
+            u = hyperbolic_uncertainty(q, c=geometry)  # the geometry's clip radius, as the loss
             uml = loss.losses[0] if hasattr(loss, "losses") else loss
             tau = (uml.scale * uncertainty_ratio_log(u)).clamp_min(uml.min_temperature)
         res["tau_spread"] = f"{float(tau.min()):.3f}-{float(tau.max()):.3f}"

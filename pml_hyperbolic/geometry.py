@@ -13,6 +13,12 @@ Build one ``PoincareGeometry`` and pass it **by reference** wherever a ``c`` is 
 Every ``c=`` argument of the package accepts it (as well as a float, a 0-d tensor or a plain hypll
 ``Curvature`` / ``PoincareBall``); the curvature is validated once, here, and read at use.
 
+**Ownership.** Each component turns its ``c=`` into a geometry once, in ``__init__``, with
+:func:`as_geometry` (the one conversion of the package), and then reads the curvature, the clip mode,
+the clip radius and the map into the ball (:meth:`PoincareGeometry.to_ball`) from that object at use.
+No component keeps its own clip radius or its own map into the ball, and the package's defaults are
+written once, here (:data:`DEFAULT_CURVATURE`, :data:`DEFAULT_CLIP_R`, :func:`default_geometry`).
+
 **Curvature and its constraint.** hypll stores a raw ``value`` and applies a constraining strategy
 (softplus by default, so hypll's ``Curvature(1.0)`` is c ≈ 1.313). Here ``c=0.1`` means c = 0.1:
 
@@ -50,7 +56,8 @@ from torch import Tensor
 
 from . import poincare_ball as pb
 
-__all__ = ["PoincareGeometry", "DEFAULT_CURVATURE", "DEFAULT_CLIP_R", "CLIP_MODES", "C_RANGE", "clip_tangent"]
+__all__ = ["PoincareGeometry", "DEFAULT_CURVATURE", "DEFAULT_CLIP_R", "CLIP_MODES", "C_RANGE", "clip_tangent",
+           "as_geometry", "default_geometry", "map_to_ball"]
 
 #: The package's one default curvature magnitude (Hyp-ViT's c = 0.1).
 DEFAULT_CURVATURE = 0.1
@@ -59,6 +66,35 @@ DEFAULT_CLIP_R = 2.3
 CLIP_MODES = ("hard", "tanh", None)
 #: Accepted curvature magnitudes (inclusive), as :data:`pml_hyperbolic.poincare_ball.C_RANGE`.
 C_RANGE = pb.C_RANGE
+
+
+class _Unset:
+    """The "argument not given" marker of keyword arguments where ``None`` is a value (``clip_r=None``
+    means no clipping). One instance, compared by identity; it pickles to itself and reads
+    ``<unset>`` in ``help()``."""
+
+    __slots__ = ()
+    _instance: "_Unset | None" = None
+
+    def __new__(cls) -> "_Unset":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+    def __reduce__(self):
+        return (_Unset, ())
+
+    def __copy__(self) -> "_Unset":
+        return self
+
+    def __deepcopy__(self, memo) -> "_Unset":
+        return self
+
+
+_UNSET = _Unset()
 
 
 def _check_clip_r(clip_r, clip) -> float | None:
@@ -114,6 +150,57 @@ def clip_tangent(v: Tensor, clip_r: float | None, mode: str | None = "hard") -> 
     return v * factor.to(v.dtype)
 
 
+def map_to_ball(v: Tensor, c: Tensor, clip_r: float | None = None, mode: str | None = "hard") -> Tensor:
+    r""":math:`\operatorname{proj}(\exp_0^c(\operatorname{clip}(v)))` with a curvature tensor ``c``.
+
+    The computation behind :meth:`PoincareGeometry.to_ball`, for callers that hold c as a tensor
+    (several curvatures mixed in one loss): every norm is overflow-safe (float64, scaled for huge
+    float64 input), so a huge vector keeps its direction instead of going to the origin.
+
+    Args:
+        v: floating-point tangent vectors (…, D); half precision is computed in float32.
+        c: the curvature magnitude, a 0-d tensor (or anything
+            :func:`~pml_hyperbolic.poincare_ball.as_curvature` accepts).
+        clip_r: clip radius (> 0), or None for no clipping.
+        mode: ``"hard"``, ``"tanh"`` or None, as :func:`clip_tangent`.
+
+    Returns:
+        Points strictly inside the ball, of v's compute dtype.
+
+    Raises:
+        TypeError: ``v`` is not a floating-point tensor.
+        ValueError: ``mode`` is not one of :data:`CLIP_MODES`, or ``c`` is invalid.
+
+    Design note: docs/design/geometry.md
+    """
+    v = pb.check_tensor(v, "features")
+    v = v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
+    return pb.project(pb.expmap0(clip_tangent(v, clip_r, mode), c), c)
+
+
+class _SharedCurvature(Curvature):
+    """A hypll ``Curvature`` that reads c, at every call, from a tensor or a hypll object given by
+    reference (a learnable tensor keeps its gradient; a hypll constraint is applied as hypll does).
+
+    The value is validated at every read (on an accelerator without a host read, see
+    :func:`~pml_hyperbolic.poincare_ball.as_curvature`): unlike a ``PoincareGeometry``'s own
+    constraint, an outside one does not guarantee c > 0 after an optimiser step.
+    """
+
+    def __init__(self, source: Tensor | torch.nn.Module):
+        torch.nn.Module.__init__(self)
+        self.constraining_strategy = identity_constraint
+        if isinstance(source, torch.nn.Module):
+            self.source = source  # registers its parameters
+        elif isinstance(source, torch.nn.Parameter):
+            self.value = source
+        else:
+            self.__dict__["value"] = source  # a plain tensor, read by reference (not a buffer)
+
+    def forward(self) -> Tensor:
+        return pb.as_curvature(self.source if "source" in self._modules else self.value, torch.float64)
+
+
 class PoincareGeometry(PoincareBall):
     """The Poincaré ball of curvature −c with this package's head mapping (a hypll ``PoincareBall``).
 
@@ -157,6 +244,21 @@ class PoincareGeometry(PoincareBall):
         self._clip = clip
         self._clip_r = clip_r
         self.learnable_c = bool(learnable_c)
+
+    @classmethod
+    def _sharing(cls, source: Tensor | torch.nn.Module, clip: str | None, clip_r: float | None) -> "PoincareGeometry":
+        """A geometry whose curvature is read from ``source`` by reference (see :func:`as_geometry`)."""
+        pb.as_curvature(source)  # ValueError / TypeError naming c, now rather than at first use
+        if clip not in CLIP_MODES:
+            raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
+        clip_r = _check_clip_r(clip_r, clip)
+        geometry = cls.__new__(cls)
+        PoincareBall.__init__(geometry, c=_SharedCurvature(source))
+        geometry._clip = clip
+        geometry._clip_r = clip_r
+        geometry.learnable_c = any(p.requires_grad for p in geometry.parameters()) or (
+            isinstance(source, Tensor) and source.requires_grad)
+        return geometry
 
     # ---- clipping settings (validated on assignment: read at use by other components) ----
     @property
@@ -244,8 +346,7 @@ class PoincareGeometry(PoincareBall):
         v = pb.check_tensor(v, "features")
         pb.check_finite(v, "features")
         v = v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
-        c = self.curvature(pb._wide_dtype(v), v.device)
-        return pb.project(pb.expmap0(self.clip_tangent(v), c), c)
+        return map_to_ball(v, self.curvature(pb._wide_dtype(v), v.device), self.clip_r, self.clip)
 
     def dist0(self, x: Tensor) -> Tensor:
         """Geodesic distance of ball points to the origin (the Hyp-UML uncertainty's input).
@@ -271,3 +372,75 @@ class PoincareGeometry(PoincareBall):
     def extra_repr(self) -> str:
         return (f"c={float(self.c().detach()):.6g}, learnable_c={self.learnable_c}, clip={self.clip!r}, "
                 f"clip_r={self.clip_r}")
+
+
+def default_geometry() -> PoincareGeometry:
+    """A new geometry with the package's defaults: c = :data:`DEFAULT_CURVATURE`, ``clip="hard"`` at
+    :data:`DEFAULT_CLIP_R`, fixed curvature (what a component builds when given no ``c``).
+
+    Returns:
+        A new :class:`PoincareGeometry` (not shared: pass one geometry to every component instead).
+
+    Design note: docs/design/geometry.md
+    """
+    return PoincareGeometry()
+
+
+def as_geometry(c: "PoincareGeometry | float | Tensor | torch.nn.Module | None" = None, *,
+                clip: str | None | _Unset = _UNSET, clip_r: float | None | _Unset = _UNSET,
+                learnable_c: bool | _Unset = _UNSET, default_clip: str | None = "hard") -> PoincareGeometry:
+    r"""The one conversion of a ``c=`` argument into the :class:`PoincareGeometry` a component uses.
+
+    * a ``PoincareGeometry``: returned as is (shared by reference: its curvature, clip mode and clip
+      radius are read at use);
+    * ``None``: :func:`default_geometry`;
+    * a Python number, or a tensor without gradient: a new geometry with that fixed c;
+    * a tensor that requires grad (e.g. an ``nn.Parameter``), a hypll ``Curvature`` or a hypll
+      ``PoincareBall``: a new geometry that reads c from it at every use (gradients reach it;
+      hypll's constraint applies, so ``Curvature(1.0)`` is c = softplus(1) ≈ 1.313).
+
+    The settings ``clip`` / ``clip_r`` / ``learnable_c`` apply to a new geometry only (unset:
+    ``default_clip``, :data:`DEFAULT_CLIP_R`, fixed c). ``learnable_c`` applies to a number only (a
+    referenced tensor or hypll object is learnable when it requires grad).
+
+    Why one function: components used to tell six types of ``c`` apart by duck typing each on its
+    own, so a new accepted type or a new clip setting had to reach every one of them.
+
+    Args:
+        c: the geometry, or a curvature to build one from (see above).
+        clip: clipping mode of a new geometry (one of :data:`CLIP_MODES`).
+        clip_r: clip radius of a new geometry (> 0; ``None`` means no clipping).
+        learnable_c: learn the curvature of a new geometry built from a number.
+        default_clip: the clipping mode used when ``clip`` is unset.
+
+    Returns:
+        ``c`` itself, or the new geometry.
+
+    Raises:
+        ValueError: ``clip``, ``clip_r`` or ``learnable_c`` given together with a ``PoincareGeometry``
+            (the geometry owns them: set them when building it); a curvature outside
+            :data:`C_RANGE`; a bad ``clip`` / ``clip_r``.
+        TypeError: ``c`` is none of the accepted types (a bool or a string included).
+
+    Design note: docs/design/geometry.md
+    """
+    if isinstance(c, PoincareGeometry):
+        given = [n for n, v in (("clip_r", clip_r), ("learnable_c", learnable_c), ("clip", clip)) if v is not _UNSET]
+        if given:
+            raise ValueError(f"{', '.join(given)} given together with a PoincareGeometry: the geometry owns "
+                             "the clipping and the curvature; set them when building it")
+        return c
+    mode = default_clip if clip is _UNSET else clip
+    if clip_r is None and clip is _UNSET:
+        mode = None  # clip_r=None means no clipping
+    radius = DEFAULT_CLIP_R if clip_r is _UNSET else clip_r
+    if c is None:
+        c = DEFAULT_CURVATURE
+    shared = isinstance(c, torch.nn.Module) or (isinstance(c, Tensor) and c.requires_grad)
+    if shared:
+        if learnable_c is not _UNSET and bool(learnable_c):
+            raise ValueError("learnable_c=True with a curvature given by reference (a tensor or hypll object): "
+                             "its own requires_grad decides; pass a number to build a learnable geometry")
+        return PoincareGeometry._sharing(c, mode, radius)
+    return PoincareGeometry(c=c, learnable_c=False if learnable_c is _UNSET else bool(learnable_c),
+                            clip=mode, clip_r=radius)

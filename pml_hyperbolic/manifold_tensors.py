@@ -56,6 +56,8 @@ def is_manifold_tensor(x: object) -> bool:
 
 def _softplus_curvature(obj):
     """The hypll ``Curvature`` with hypll's default softplus constraint behind ``obj``, or None."""
+    if getattr(obj, "_is_pml_geometry", False):
+        obj = obj.c._modules.get("source")  # a geometry reading a hypll object by reference, or None
     if isinstance(obj, PoincareBall) and not getattr(obj, "_is_pml_geometry", False):
         obj = obj.c
     if isinstance(obj, Curvature) and obj.constraining_strategy is torch.nn.functional.softplus:
@@ -154,14 +156,14 @@ def to_manifold_tensor(x: Tensor, geometry: PoincareBall) -> ManifoldTensor:
 
 # ---- losses and miners ------------------------------------------------------------------------
 
-#: attributes holding a curvature the module computes with (HIERLoss's ``_c``, the uncertainty
-#: losses' ``uncertainty_c``, the pseudo-labeler's ``c``)
-_CURVATURE_ATTRS = ("_c", "uncertainty_c")
+#: attributes holding the geometry a module computes with (the distances' and HIERLoss's
+#: ``geometry``, the uncertainty losses' ``uncertainty_geometry``); the pseudo-labeler's ``geometry``
+_GEOMETRY_ATTRS = ("geometry", "uncertainty_geometry")
 
 
 def _expected_curvatures(module: torch.nn.Module) -> list:
-    from .distances import MixedGeometryDistance, PoincareDistance  # lazy: distances import this module
-
+    # Duck-typed (no import of the distances, which import this module): a component that takes
+    # Euclidean features says so with ``takes_ball_points = False``.
     found = []
 
     def add(c):
@@ -169,16 +171,17 @@ def _expected_curvatures(module: torch.nn.Module) -> list:
             found.append(c)
 
     for m in module.modules():
-        if isinstance(m, MixedGeometryDistance):
+        if getattr(type(m), "takes_ball_points", True) is False:
             raise TypeError(
-                f"{type(module).__name__} uses MixedGeometryDistance, which takes the Euclidean head "
+                f"{type(module).__name__} uses {type(m).__name__}, which takes the Euclidean head "
                 "output (it maps it onto the sphere and the ball itself), not ball points: pass the "
                 "plain features, not a Poincaré-ball ManifoldTensor"
             )
-        if isinstance(m, PoincareDistance) or m is module:
-            for attr in _CURVATURE_ATTRS:
-                add(getattr(m, attr, None))
-    add(getattr(getattr(module, "pseudo_labeler", None), "c", None))
+        for attr in _GEOMETRY_ATTRS:
+            geometry = getattr(m, attr, None)
+            if isinstance(geometry, PoincareBall):
+                add(geometry)
+    add(getattr(getattr(module, "pseudo_labeler", None), "geometry", None))
     return found
 
 

@@ -13,7 +13,7 @@ or pass the float ``1.0`` here.
 Numerics: half-precision inputs (and inputs under ``torch.autocast``) are computed in float32 and
 returned in float32; float64 stays float64. The per-row scalar factors (‖x‖², the conformal
 denominators 1 − c‖x‖², tanh/artanh factors) and the curvature are evaluated in float64 even for
-float32 tensors: a Python ``c`` is never rounded to float32 (c = 0.1 rounded cost up to 1e-3
+float32 tensors: a Python ``c`` is never rounded to float32 (the default curvature rounded cost up to 1e-3
 relative near the boundary), and 1 − c‖x‖² does not lose digits to a float32 ‖x‖².
 
 Points on or outside the ball are projected by :func:`project` in the public classes. The kernels
@@ -213,7 +213,7 @@ def _wide_dtype(x: Tensor) -> torch.dtype:
 
 
 def _c_wide(c: CurvatureLike, x: Tensor) -> Tensor:
-    """The curvature as a float64 0-d tensor: a Python c is not rounded to float32 (c = 0.1 in
+    """The curvature as a float64 0-d tensor: a Python c is not rounded to float32 (the default c in
     float32 is off by 1.5e-9, which 1 − c‖x‖² amplifies by up to 1/(1 − c‖x‖²) ~ 1e5)."""
     return as_curvature(c, _wide_dtype(x), x.device)
 

@@ -3,7 +3,7 @@ r"""Hyperbolic uncertainty: how close an embedding lies to the origin of the Poi
 Hyp-UML (Yan, Liu, Xu), Sec. III-B, defines :math:`U(x) = 1 - D_{Hyp}(x, 0)`. As written this is
 unusable for the embeddings every hyperbolic metric-learning head produces: the paper's
 :math:`D` lacks the factor 2 of the geodesic distance, and with feature clipping at radius
-:math:`r = 2.3` (Hyp-ViT's head) :math:`D(x, 0)` (with or without the 2) exceeds 1 for almost every
+:math:`r` (Hyp-ViT's head: :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`) :math:`D(x, 0)` (with or without the 2) exceeds 1 for almost every
 point, so :math:`U < 0` and the losses' :math:`\log(U / \max U + 1)` is NaN or reversed.
 
 :func:`hyperbolic_uncertainty` therefore offers several normalisations (``mode``):
@@ -38,8 +38,10 @@ from numbers import Real
 import torch
 
 from . import poincare_ball as pb
+from .geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry, as_geometry
 
-__all__ = ["hyperbolic_uncertainty", "uncertainty_ratio_log", "UNCERTAINTY_MODES", "DEFAULT_MODE"]
+__all__ = ["hyperbolic_uncertainty", "uncertainty_ratio_log", "uncertainty_clip_radius", "UNCERTAINTY_MODES",
+           "DEFAULT_MODE"]
 
 UNCERTAINTY_MODES = ("clip", "ball", "batch", "literal")
 DEFAULT_MODE = "clip"
@@ -53,7 +55,23 @@ def _check_mode(mode):
     return mode
 
 
-def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | torch.nn.Module = 0.1,
+def uncertainty_clip_radius(geometry: PoincareGeometry, clip_r: float | None = None) -> float:
+    """The radius r of ``"clip"`` mode: ``clip_r`` when given, else the geometry's clip radius, else
+    (a geometry that does not clip) :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`.
+
+    Args:
+        geometry: the geometry the embeddings live on.
+        clip_r: an explicit radius, or None.
+
+    Returns:
+        The radius (not validated here; :func:`hyperbolic_uncertainty` does).
+    """
+    if clip_r is not None:
+        return clip_r
+    return DEFAULT_CLIP_R if geometry.clip_r is None else geometry.clip_r
+
+
+def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | torch.nn.Module = DEFAULT_CURVATURE,
                            mode: str | None = None, clip_r: float | None = None,
                            detach: bool = True) -> torch.Tensor:
     r"""Per-embedding uncertainty (N,) from the distance to the origin of the ball of curvature −c.
@@ -61,13 +79,13 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | t
     Args:
         embeddings: (N, D) points of the Poincaré ball (as returned by ``ToPoincare``; points on or
             outside the boundary are projected inside first).
-        c: curvature magnitude (> 0), float / 0-d tensor / hypll curvature, or a
-            :class:`~pml_hyperbolic.geometry.PoincareGeometry` (whose clip radius is then the default
-            ``clip_r``).
+        c: the geometry (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`, whose clip radius is
+            then the default ``clip_r``), or a curvature magnitude (> 0) given to
+            :func:`~pml_hyperbolic.geometry.as_geometry`.
         mode: ``None`` (= ``"clip"``, the sound default), ``"clip"``, ``"ball"``, ``"batch"`` or
             ``"literal"`` (the paper's formula), see the module docstring.
         clip_r: the head's clip radius r (> 0), used by ``"clip"`` mode only; ``None``: the
-            geometry's clip radius when ``c`` is a ``PoincareGeometry`` that clips, else Hyp-ViT's 2.3.
+            geometry's (:func:`uncertainty_clip_radius`).
         detach: return a tensor without gradient (default; Hyp-UML does not say whether U is
             detached, a detached U keeps the uncertainty a weighting, not an objective).
 
@@ -84,9 +102,8 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | t
     pb.check_tensor(embeddings, "embeddings")
     if embeddings.ndim != 2:
         raise ValueError(f"embeddings must be 2-D (N, D), got shape {tuple(embeddings.shape)}")
-    if clip_r is None:
-        clip_r = getattr(c, "clip_r", None) if getattr(c, "_is_pml_geometry", False) else None
-        clip_r = 2.3 if clip_r is None else clip_r
+    geometry = as_geometry(c)  # ValueError / TypeError naming c
+    clip_r = uncertainty_clip_radius(geometry, clip_r)
     if mode == "clip":
         if isinstance(clip_r, bool) or not isinstance(clip_r, Real):
             raise TypeError(f"clip_r must be a real number > 0, got {type(clip_r).__name__} {clip_r!r}")
@@ -97,7 +114,7 @@ def hyperbolic_uncertainty(embeddings: torch.Tensor, c: float | torch.Tensor | t
     pb.check_finite(embeddings, "embeddings")
     x = embeddings.detach() if detach else embeddings
     # c in float64 (the kernels' scalar dtype): not rounded to float32 on the way
-    c_t = pb.as_curvature(c, pb._wide_dtype(x), x.device)
+    c_t = geometry.curvature(pb._wide_dtype(x), x.device)
     x = pb.project(x, c_t)
     if mode == "ball":
         return (1 - c_t.sqrt() * torch.linalg.vector_norm(x.to(c_t.dtype), dim=-1)).to(x.dtype)

@@ -46,7 +46,7 @@ class HypMix(RecipeCommandLine):
 
         a = self.args
         return HypMixLoss(c=self.geometry, lam=a.lam, tau_e=a.tau_e, tau_h=a.tau_h,
-                          learnable_lambda=a.learnable_lambda, clip_r=a.clip_r)
+                          learnable_lambda=a.learnable_lambda)  # the clip radius is the geometry's
 
 
 if __name__ == "__main__":

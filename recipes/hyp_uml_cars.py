@@ -63,13 +63,13 @@ class HypUML(RecipeCommandLine):
         if a.loss == "triplet":
             from pml_hyperbolic.losses import UncertaintyAdaptiveTripletLoss
 
+            # the clip radius of U is the geometry's (--clip-r builds it)
             return UncertaintyAdaptiveTripletLoss(margin_scale=a.margin_scale, mode=a.uncertainty_mode, c=self.geometry,
-                                                  clip_r=a.clip_r, distance=distance)
+                                                  distance=distance)
         from pml_hyperbolic.losses import UncertaintyAdaptiveContrastiveLoss
 
         return UncertaintyAdaptiveContrastiveLoss(scale=a.uncertainty_scale, min_temperature=a.min_temperature,
-                                                  mode=a.uncertainty_mode, c=self.geometry, clip_r=a.clip_r,
-                                                  distance=distance)
+                                                  mode=a.uncertainty_mode, c=self.geometry, distance=distance)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ ROOT_ENVIRONMENT_VARIABLES = {
 }
 SHARED_DATA_VARIABLE = "PML_HYPERBOLIC_DATA"
 
+#: How the two object views of a glyph may be augmented (``transforms.glyph_view_transform``): the one
+#: list of choices, here because the recipes' command line reads it without importing torch.
+GLYPH_VIEW_AUGMENTATIONS = ("crop", "font")
+
 # Folder names looked for inside $PML_HYPERBOLIC_DATA.
 CONVENTIONAL_FOLDER_NAMES = {
     "cars196": ("cars196", "Cars196", "CARS196", "stanford_cars", "cars"),

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torchvision import transforms as T
 
-from ..training.presets import GLYPH_VIEW_AUGMENTATIONS  # torch-free: the recipes' command line lists them too
+from .registry import GLYPH_VIEW_AUGMENTATIONS  # torch-free: the recipes' command line lists them too
 
 if TYPE_CHECKING:
     from PIL import Image

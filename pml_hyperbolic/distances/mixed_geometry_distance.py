@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning.distances import BaseDistance
 
 from .. import poincare_ball as pb
+from ..geometry import _UNSET, DEFAULT_CURVATURE, PoincareGeometry, _Unset, as_geometry, map_to_ball
 
 
 #: Accepted range of the temperatures, the clip radius and λ (λ may also be 0): the logits
@@ -30,11 +31,28 @@ def _positive(value, name):
 
 # Cosine distances at most this many machine epsilons are recomputed from explicit differences
 # (the Gram product's absolute error is a few ulps); above, the absolute error of the hyperbolic
-# logit λβκ(√(x+e) − √x) ≤ λβκ e / (2√x) stays below ~2e-3 (λ = 8, c = 0.1, float32) and the
+# logit λβκ(√(x+e) − √x) ≤ λβκ e / (2√x) stays below ~2e-3 (λ = 8, c of one tenth, float32) and the
 # gradient matches the general path's accuracy (a threshold of 64 ulps did not; 1024 leaves a margin).
 _CLOSE_COS_DIST_ULPS = 1024
 # More explicit work than this (elements of the (pairs, D) difference) -> general path.
 _MAX_EXPLICIT_ELEMENTS = 1 << 22
+
+
+def _geometry_of(c, clip_r):
+    """``c`` as a geometry; ``clip_r`` (unset: the default) builds a new one, or (deprecated)
+    re-clips a given ``PoincareGeometry`` with its curvature by reference."""
+    if c is None:  # every mixed branch needs its own curvature
+        raise TypeError("c must be a curvature or a PoincareGeometry (or a sequence of them), got None")
+    if not isinstance(c, PoincareGeometry):
+        return as_geometry(c) if clip_r is _UNSET else as_geometry(c, clip_r=clip_r)
+    if clip_r is _UNSET:
+        return c
+    import warnings
+
+    warnings.warn("MixedGeometryDistance/HypMixLoss(clip_r=...) together with a PoincareGeometry is deprecated and "
+                  "will be an error in the next release: the geometry owns the clip radius (set it when building "
+                  "the geometry)", DeprecationWarning, stacklevel=4)
+    return PoincareGeometry._sharing(c, None if clip_r is None else "hard", clip_r)
 
 
 class _CosineMix(torch.autograd.Function):
@@ -95,7 +113,8 @@ class MixedGeometryDistance(BaseDistance):
         \qquad h_k(f) = \mathrm{expmap}_0^{c_k}(\mathrm{clip}_r(u))
 
     i.e. :math:`z_e = \mathrm{normalize}(Wf)` and :math:`z_h = \mathrm{ToPoincare}(\mathrm{normalize}(Wf))`
-    exactly as the authors' model does (the clip at r = 2.3 is a no-op on unit vectors). It is
+    exactly as the authors' model does (the clip at their r > 1 is a no-op on unit vectors), each
+    :math:`h_k` by the geometry's own map into the ball (:meth:`~pml_hyperbolic.geometry.PoincareGeometry.to_ball`). It is
     **not** inverted (smaller = more similar) and already divided by the temperatures, so a
     cross-entropy over :math:`-D_{mix}` with temperature 1 is the HypMix loss
     (:class:`~pml_hyperbolic.losses.HypMixLoss`); any other PML loss or miner can use it as well.
@@ -125,15 +144,21 @@ class MixedGeometryDistance(BaseDistance):
     batch with more than 2^22 explicit-difference elements.
 
     Args:
-        c: curvature (> 0) or a sequence of curvatures to mix (beyond the paper: its stated future
-            work). Default 0.1 (paper).
+        c: the geometry (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`, e.g. the head's, by
+            reference: its curvature and clipping are used) or a curvature, or a sequence of them to
+            mix (beyond the paper: its stated future work); each goes through
+            :func:`~pml_hyperbolic.geometry.as_geometry`. Default
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE` (the paper's).
         lam: λ ≥ 0, a float or one per curvature. Paper: 3 (CUB), 8 (Cars, SOP); default 3.
         tau_e: spherical temperature, default 0.05 (paper; the authors' code default is 0.1).
         tau_h: hyperbolic temperature, default 0.2 (paper and code).
         learnable_lambda: make λ a parameter (λ = exp(ρ), so λ stays > 0; needs λ > 0). Beyond the
             paper (its Limitation section suggests it). Put the distance's (or the loss's)
             parameters in the optimiser.
-        clip_r: the head's clip radius applied before expmap0 (None: no clipping).
+        clip_r: the clip radius of the geometries built from curvatures (unset:
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`; None: no clipping). With a
+            ``PoincareGeometry`` it is **deprecated** (a ``DeprecationWarning``; removed in the next
+            release): that geometry's curvature is then used with this radius.
 
     Raises:
         TypeError: ``lam``, ``tau_e``, ``tau_h`` or ``clip_r`` is not a number; at call time,
@@ -145,9 +170,12 @@ class MixedGeometryDistance(BaseDistance):
     Design note: docs/design/distances.md
     """
 
-    def __init__(self, c: float | Sequence[float] = 0.1, lam: float | Sequence[float] = 3.0,
-                 tau_e: float = 0.05, tau_h: float = 0.2, learnable_lambda: bool = False,
-                 clip_r: float | None = 2.3, **kwargs):
+    #: takes the Euclidean head output, not ball points (read by the hypll ManifoldTensor hook)
+    takes_ball_points = False
+
+    def __init__(self, c: float | PoincareGeometry | Sequence[float | PoincareGeometry] = DEFAULT_CURVATURE,
+                 lam: float | Sequence[float] = 3.0, tau_e: float = 0.05, tau_h: float = 0.2,
+                 learnable_lambda: bool = False, clip_r: float | None | _Unset = _UNSET, **kwargs):
         if kwargs.pop("is_inverted", False):
             raise ValueError("is_inverted must be False: the mixed distance grows with dissimilarity")
         kwargs.pop("normalize_embeddings", None)  # normalisation is part of the model here
@@ -155,11 +183,11 @@ class MixedGeometryDistance(BaseDistance):
         cs = list(c) if isinstance(c, (list, tuple)) else [c]
         if len(cs) == 0:
             raise ValueError("c must hold at least one curvature")
-        for ck in cs:
-            pb.as_curvature(ck)  # ValueError naming c
-        # kept as given (a PoincareGeometry by reference) and read at use; the closed-form fast path
-        # needs Python floats, so a tensor curvature gets no gradient here
-        self._curvature_sources = cs
+        if clip_r is not _UNSET and clip_r is not None:
+            clip_r = _positive(clip_r, "clip_r")
+        # one geometry per curvature (a PoincareGeometry by reference), read at use; the closed-form
+        # fast path needs Python floats, so a tensor curvature gets no gradient here
+        self.geometries = [_geometry_of(ck, clip_r) for ck in cs]
         lams = list(lam) if isinstance(lam, (list, tuple)) else [lam] * len(cs)
         if len(lams) != len(cs):
             raise ValueError(f"lam must be a float or have one entry per curvature ({len(cs)}), got {len(lams)}")
@@ -175,9 +203,6 @@ class MixedGeometryDistance(BaseDistance):
                 raise ValueError("lam must be > 0 when learnable_lambda=True (λ = exp(ρ))")
         self.tau_e = _positive(tau_e, "tau_e")
         self.tau_h = _positive(tau_h, "tau_h")
-        if clip_r is not None:
-            clip_r = _positive(clip_r, "clip_r")
-        self.clip_r = clip_r
         lam_t = torch.tensor([float(lk) for lk in lams], dtype=torch.float32)
         if learnable_lambda:
             self.log_lam = torch.nn.Parameter(lam_t.log())
@@ -193,19 +218,25 @@ class MixedGeometryDistance(BaseDistance):
     @property
     def curvatures(self):
         """The current curvature magnitudes (floats)."""
-        return [float(pb.as_curvature(ck, torch.float64).detach()) for ck in self._curvature_sources]
+        return [float(g.curvature(torch.float64).detach()) for g in self.geometries]
+
+    @property
+    def clip_r(self) -> float | None:
+        """The clip radius of the first geometry (each geometry's own is used for its branch)."""
+        return self.geometries[0].clip_r
+
+    def __setstate__(self, state: dict) -> None:
+        # distances pickled when they kept their curvature sources and clip radius themselves
+        if "geometries" not in state and "_curvature_sources" in state:
+            clip_r = state.pop("clip_r", None)
+            state["geometries"] = [_geometry_of(ck, clip_r) for ck in state.pop("_curvature_sources")]
+        super().__setstate__(state)
 
     def _views(self, emb):
         emb = emb.float() if emb.dtype in (torch.float16, torch.bfloat16) else emb
         u = F.normalize(emb, dim=-1, eps=1e-12)
-        tangent = u
-        if self.clip_r is not None:
-            norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True).clamp_min(torch.finfo(u.dtype).tiny)
-            tangent = u * torch.clamp(self.clip_r / norm, max=1.0)
-        balls = []
-        for ck in self.curvatures:
-            c_t = pb.as_curvature(ck, u.dtype, u.device)
-            balls.append(pb.project(pb.expmap0(tangent, c_t), c_t))
+        # each geometry's own overflow-safe map into the ball (clip, expmap0, project)
+        balls = [map_to_ball(u, g.curvature(torch.float64, u.device), g.clip_r, g.clip) for g in self.geometries]
         return u, balls
 
     def _combine(self, cos_dist, hyp_dists, dtype):

@@ -5,7 +5,7 @@ import torch
 from pytorch_metric_learning.distances import BaseDistance
 
 from .. import poincare_ball as pb
-from ..geometry import DEFAULT_CURVATURE
+from ..geometry import DEFAULT_CURVATURE, PoincareGeometry, as_geometry
 from ..manifold_tensors import unwrap_ball_tensor
 
 
@@ -18,10 +18,11 @@ class PoincareDistance(BaseDistance):
     (computed in the equivalent arsinh form of :func:`pml_hyperbolic.poincare_ball.dist`).
 
     Args:
-        c: curvature magnitude (> 0; default 0.1, the package's one default, as the heads, losses and
-            miners): a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference with
-            the head), a float, a 0-d tensor (e.g. an ``nn.Parameter``; gradients reach it), or a
-            hypll ``Curvature``/``PoincareBall``. hypll's ``Curvature(1.0)`` is c = softplus(1) ≈
+        c: the geometry: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference
+            with the head), or a curvature magnitude (> 0) turned into one by
+            :func:`~pml_hyperbolic.geometry.as_geometry`: a float, a 0-d tensor (e.g. an
+            ``nn.Parameter``; gradients reach it), or a hypll ``Curvature``/``PoincareBall``. Default
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`, as the heads, losses and miners. hypll's ``Curvature(1.0)`` is c = softplus(1) ≈
             1.313, not 1: see :mod:`pml_hyperbolic.poincare_ball`.
         normalize_embeddings: **False** by default, unlike PML's ``BaseDistance``. L2-normalising
             puts every point at Euclidean norm 1, i.e. on (c = 1) or outside (c > 1) the ball's
@@ -33,7 +34,7 @@ class PoincareDistance(BaseDistance):
 
     Raises:
         ValueError: ``is_inverted=True``, or an invalid ``c`` (see
-            :func:`~pml_hyperbolic.poincare_ball.as_curvature`). At call time: embeddings holding
+            :func:`~pml_hyperbolic.geometry.as_geometry`). At call time: embeddings holding
             NaN/Inf (with ``check_finite``) or on the meta device.
         TypeError: at call time, embeddings that are not a ``torch.Tensor`` (or ``ManifoldTensor``)
             or not floating point (integer, boolean and complex tensors are not cast silently).
@@ -57,22 +58,42 @@ class PoincareDistance(BaseDistance):
         if kwargs.pop("is_inverted", False):
             raise ValueError("is_inverted must be False: a Poincaré distance grows with dissimilarity")
         super().__init__(normalize_embeddings=normalize_embeddings, is_inverted=False, **kwargs)
+        geometry = as_geometry(c)  # validates now: a bad c fails at construction, naming c
         if isinstance(c, torch.nn.Module):
             self.curvature_module = c  # registers a hypll Curvature/PoincareBall's parameters
+            self._modules["_c"] = c  # the state dict's keys of earlier versions
         elif isinstance(c, torch.nn.Parameter):
             self.c_param = c
-        pb.as_curvature(c)  # validate now: a bad c should fail at construction, naming c
-        self._c = c
+        # held outside the module tree: registered (above) only where the caller gave a module or a
+        # parameter, so the state dict keeps its keys
+        self.__dict__["_geometry"] = geometry
         self.use_projection = project
         self.check_finite = check_finite
 
     @property
+    def geometry(self) -> PoincareGeometry:
+        """The geometry in use (the object passed as ``c``, or the one built from it)."""
+        return self._geometry
+
+    @property
+    def _c(self) -> PoincareGeometry:
+        # the name older code and pickles used for the curvature source
+        return self._geometry
+
+    @property
     def c(self) -> torch.Tensor:
         """The current curvature magnitude as a 0-d tensor (evaluates hypll's constraint)."""
-        return pb.as_curvature(self._c)
+        return self._geometry.curvature()
+
+    def __setstate__(self, state: dict) -> None:
+        # modules pickled before the geometry was held: rebuild it from the stored curvature source
+        if "_geometry" not in state:
+            source = state.pop("_c", None)
+            state["_geometry"] = as_geometry(state["_modules"].get("_c") if source is None else source)
+        super().__setstate__(state)
 
     def _unwrap(self, emb, name: str = "embeddings"):
-        emb = unwrap_ball_tensor(emb, self._c, type(self).__name__)
+        emb = unwrap_ball_tensor(emb, self._geometry, type(self).__name__)
         return emb if emb is None else pb.check_tensor(emb, name)
 
     def forward(self, query_emb: torch.Tensor, ref_emb: torch.Tensor | None = None):
@@ -85,7 +106,7 @@ class PoincareDistance(BaseDistance):
 
     def _curvature_for(self, emb: torch.Tensor) -> torch.Tensor:
         # float64 (the kernels' scalar dtype) whatever the embeddings' dtype: c is not rounded
-        return pb.as_curvature(self._c, pb._wide_dtype(emb), emb.device)
+        return self._geometry.curvature(pb._wide_dtype(emb), emb.device)
 
     def compute_mat(self, query_emb: torch.Tensor, ref_emb: torch.Tensor):
         query_emb, ref_emb = self._unwrap(query_emb, "query_emb"), self._unwrap(ref_emb, "ref_emb")

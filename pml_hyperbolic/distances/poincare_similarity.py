@@ -6,6 +6,7 @@ from numbers import Real
 
 import torch
 
+from ..geometry import PoincareGeometry, default_geometry
 from .poincare_distance import PoincareDistance
 
 _SCALE_RANGE = (torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max)
@@ -42,8 +43,8 @@ class PoincareSimilarity(PoincareDistance):
     Args:
         c: the geometry (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`, shared by reference
             with the head), or any curvature :class:`PoincareDistance` accepts. Default: a new
-            ``PoincareGeometry()`` (the package defaults, c = 0.1 and clip radius 2.3, as a default
-            head's); pass the head's geometry so that both follow one curvature.
+            :func:`~pml_hyperbolic.geometry.default_geometry` (the package defaults, as a default
+            head's); pass the head's geometry so that both follow one curvature and clip radius.
         scale: :math:`T`, a real number in [1.2e-38, 3.4e38] (float32's normal range, so that
             :math:`1/T` is finite in float32). ``None`` (default): the geometry's ``max_dist0()``,
             read at each call; a bare curvature or a geometry without clipping has no such bound,
@@ -70,14 +71,12 @@ class PoincareSimilarity(PoincareDistance):
                  **kwargs):
         if kwargs.pop("is_inverted", True) is not True:
             raise ValueError("is_inverted must be True: PoincareSimilarity grows with similarity")
-        if c is None:
-            from ..geometry import PoincareGeometry
-
-            c = PoincareGeometry()
-        super().__init__(c=c, **kwargs)
+        bare_curvature = c is not None and not isinstance(c, PoincareGeometry)
+        super().__init__(c=default_geometry() if c is None else c, **kwargs)
         self.is_inverted = True  # PoincareDistance fixes False; the affine map reverses the order
         if scale is None:
-            max_dist0 = c.max_dist0() if hasattr(c, "max_dist0") else math.inf
+            # a bare curvature has no clip radius of its own (as_geometry would give it the default)
+            max_dist0 = math.inf if bare_curvature else self.geometry.max_dist0()
             if not math.isfinite(max_dist0):
                 raise ValueError("scale=None takes T from a clipping PoincareGeometry's max_dist0(); "
                                  f"got c={c!r}: pass scale (> 0) explicitly")
@@ -93,7 +92,7 @@ class PoincareSimilarity(PoincareDistance):
         """T: the given scale, or the geometry's current ``max_dist0()`` (validated at each read)."""
         if self._scale is not None:
             return self._scale
-        return _check_scale(self._c.max_dist0(), "scale=None: the geometry's max_dist0() = 2·clip_r")
+        return _check_scale(self.geometry.max_dist0(), "scale=None: the geometry's max_dist0() = 2·clip_r")
 
     def _to_similarity(self, dist: torch.Tensor) -> torch.Tensor:
         s = 1.0 - dist / self.scale

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from .. import poincare_ball as pb
+from ..geometry import DEFAULT_CURVATURE, PoincareGeometry, as_geometry
 from .hyperbolic_index import HyperbolicIndex
 
 
@@ -19,13 +19,15 @@ class HyperbolicKNN:
     does, so the neighbours are those of a float64 brute force with it. With
     ``ref_includes_query=True`` (PML's convention: ``reference[:len(query)]`` is the query) query i
     never gets reference i as a neighbour. Plug into PML with
-    ``AccuracyCalculator(knn_func=HyperbolicKNN(c=0.1))``.
+    ``AccuracyCalculator(knn_func=HyperbolicKNN(c=geometry))``.
 
     Design note: docs/design/knn-index.md
 
     Args:
-        c: curvature magnitude (float, tensor, hypll object or a
-            :class:`~pml_hyperbolic.geometry.PoincareGeometry`, read at every search).
+        c: the geometry (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`, by reference) or a
+            curvature magnitude (float, tensor, hypll object) given to
+            :func:`~pml_hyperbolic.geometry.as_geometry`; its curvature is read at every search.
+            Default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`.
         **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
             index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
 
@@ -34,16 +36,23 @@ class HyperbolicKNN:
         TypeError: an unknown index argument.
     """
 
-    def __init__(self, c: float | torch.Tensor | object = 0.1, **index_kwargs: Any):
+    def __init__(self, c: float | torch.Tensor | object = DEFAULT_CURVATURE, **index_kwargs: Any):
         self.index_kwargs = dict(index_kwargs)
-        # build one index now so that bad arguments fail here, not at the first evaluation
+        # build one index now so that bad arguments fail here (as the index reports them), not at the
+        # first evaluation
         HyperbolicIndex(c=c, **self.index_kwargs)
-        self._c = c  # kept as given: a shared (learnable) PoincareGeometry is read at every search
+        self.geometry: PoincareGeometry = as_geometry(c)  # a shared (learnable) one is read at every search
+
+    def __setstate__(self, state: dict) -> None:
+        # objects pickled when the curvature source was kept as given
+        if "geometry" not in state:
+            state["geometry"] = as_geometry(state.pop("_c"))
+        self.__dict__.update(state)
 
     @property
     def c(self) -> float:
         """The current curvature magnitude (read from the geometry / tensor given at construction)."""
-        return float(pb.as_curvature(self._c, torch.float64).detach())
+        return float(self.geometry.curvature(torch.float64).detach())
 
     def __call__(self, query: torch.Tensor, k: int, reference: torch.Tensor | None = None,
                  ref_includes_query: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import poincare_ball as pb
+from ..geometry import DEFAULT_CURVATURE
 from ..poincare_ball import CurvatureLike
 
 #: Arrays the plots accept: a tensor, a numpy array or a nested sequence of numbers.
@@ -235,7 +236,7 @@ def plot_poincare_disk(
     embeddings: ArrayLike,
     labels: ArrayLike,
     path: Union[str, os.PathLike],
-    c: CurvatureLike = 0.1,
+    c: CurvatureLike = DEFAULT_CURVATURE,
     reduction: str = "tangent_pca",
     color_by: str = "auto",
     uncertainty: Optional[ArrayLike] = None,

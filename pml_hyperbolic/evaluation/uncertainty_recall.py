@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, as_geometry
 from ..poincare_ball import CurvatureLike
 from .hyperbolic_knn import HyperbolicKNN
 
@@ -74,11 +75,11 @@ def _query_hits(embeddings, labels, c, uncertainty, mode, clip_r, knn_func, refe
 def uncertainty_recall_table(
     embeddings: ArrayLike,
     labels: ArrayLike,
-    c: CurvatureLike = 0.1,
+    c: CurvatureLike = DEFAULT_CURVATURE,
     n_bins: int = 10,
     uncertainty: Optional[ArrayLike] = None,
     mode: Optional[str] = None,
-    clip_r: float = 2.3,
+    clip_r: Optional[float] = None,
     knn_func: Optional[Callable] = None,
     reference_embeddings: Optional[ArrayLike] = None,
     reference_labels: Optional[ArrayLike] = None,
@@ -102,11 +103,13 @@ def uncertainty_recall_table(
     Args:
         embeddings: (N, D) ball embeddings of the queries.
         labels: (N,) labels of the queries.
-        c: curvature magnitude, or a :class:`~pml_hyperbolic.geometry.PoincareGeometry`.
+        c: the run's :class:`~pml_hyperbolic.geometry.PoincareGeometry` (its curvature and clip
+            radius), or a curvature magnitude.
         n_bins: how many quantile bins (deciles by default).
         uncertainty: optional precomputed (N,) scores, used instead of computing U.
         mode: the uncertainty mode (``None`` = ``"clip"``).
-        clip_r: the head's clip radius r for ``"clip"`` mode.
+        clip_r: the clip radius r of ``"clip"`` mode; None (default): the geometry's (``c`` as
+            :func:`~pml_hyperbolic.geometry.as_geometry` gives it).
         knn_func: a PML-style kNN callable ``(query, k, reference, same_source)``; default
             :class:`HyperbolicKNN` with curvature ``c``.
         reference_embeddings: (M, D) gallery embeddings (with ``reference_labels``).
@@ -161,9 +164,9 @@ def uncertainty_recall_table(
     return table
 
 
-def uncertainty_failure_auroc(embeddings: ArrayLike, labels: ArrayLike, c: CurvatureLike = 0.1,
+def uncertainty_failure_auroc(embeddings: ArrayLike, labels: ArrayLike, c: CurvatureLike = DEFAULT_CURVATURE,
                               uncertainty: Optional[ArrayLike] = None, mode: Optional[str] = None,
-                              clip_r: float = 2.3, knn_func: Optional[Callable] = None,
+                              clip_r: Optional[float] = None, knn_func: Optional[Callable] = None,
                               reference_embeddings: Optional[ArrayLike] = None,
                               reference_labels: Optional[ArrayLike] = None) -> float:
     r"""AUROC of the Hyp-UML uncertainty for "the top-1 neighbour is of another class".
@@ -177,10 +180,12 @@ def uncertainty_failure_auroc(embeddings: ArrayLike, labels: ArrayLike, c: Curva
     Args:
         embeddings: (N, D) ball embeddings of the queries.
         labels: (N,) labels of the queries.
-        c: curvature magnitude, or a :class:`~pml_hyperbolic.geometry.PoincareGeometry`.
+        c: the run's :class:`~pml_hyperbolic.geometry.PoincareGeometry` (its curvature and clip
+            radius), or a curvature magnitude.
         uncertainty: optional precomputed (N,) scores.
         mode: the uncertainty mode (``None`` = ``"clip"``).
-        clip_r: the head's clip radius r for ``"clip"`` mode.
+        clip_r: the clip radius r of ``"clip"`` mode; None (default): the geometry's (``c`` as
+            :func:`~pml_hyperbolic.geometry.as_geometry` gives it).
         knn_func: kNN callable, as in :func:`uncertainty_recall_table`.
         reference_embeddings: (M, D) gallery embeddings (with ``reference_labels``).
         reference_labels: (M,) gallery labels.
@@ -264,7 +269,7 @@ def bin_label(row: dict, decimals: int = 2, stacked: Optional[bool] = None) -> s
     return f"{span}\n{'n=' if stacked else 'n = '}{row['count']}"
 
 
-def describe_uncertainty(mode: Optional[str] = None, clip_r: float = 2.3, given: bool = False) -> str:
+def describe_uncertainty(mode: Optional[str] = None, clip_r: float = DEFAULT_CLIP_R, given: bool = False) -> str:
     r"""One line saying what the plotted U is, in the terms of :func:`pml_hyperbolic.uncertainty.hyperbolic_uncertainty`.
 
     Args:
@@ -273,8 +278,8 @@ def describe_uncertainty(mode: Optional[str] = None, clip_r: float = 2.3, given:
         given: the scores were passed in precomputed (their definition is the caller's).
 
     Returns:
-        the explanation, e.g. ``"U = clamp(1 − d₀ / (2·2.3), 0, 1): 1 at the origin, 0 at the clip
-        sphere d₀ = 4.6"``.
+        the explanation, e.g. ``"U = clamp(1 − d₀ / (2·r), 0, 1): 1 at the origin, 0 at the clip
+        sphere d₀ = 2r"`` with the number r written out.
 
     Raises:
         ValueError: ``mode`` is not one of the uncertainty modes.
@@ -307,7 +312,7 @@ def _radius_spread(embeddings: ArrayLike, c: CurvatureLike) -> Tuple[float, floa
 
 
 def plot_uncertainty_vs_recall(embeddings: Optional[ArrayLike], labels: Optional[ArrayLike],
-                               path: Union[str, os.PathLike], c: CurvatureLike = 0.1, n_bins: int = 10,
+                               path: Union[str, os.PathLike], c: CurvatureLike = DEFAULT_CURVATURE, n_bins: int = 10,
                                table: Optional[list] = None, figsize: Tuple[float, float] = (6.4, 4.6),
                                dpi: int = 100, title: Optional[str] = None, min_count: int = 25,
                                radius_tol: float = 1e-3, explain: Optional[str] = None, **kwargs) -> List[dict]:
@@ -378,7 +383,10 @@ def plot_uncertainty_vs_recall(embeddings: Optional[ArrayLike], labels: Optional
     protocol = "queries vs gallery" if gallery else "self-retrieval among the queries"
     overall = overall_recall_at_1(table)
     if explain is None:
-        explain = (describe_uncertainty(kwargs.get("mode"), kwargs.get("clip_r", 2.3), given)
+        from ..uncertainty import uncertainty_clip_radius
+
+        radius = uncertainty_clip_radius(as_geometry(c), kwargs.get("clip_r"))  # the radius U used
+        explain = (describe_uncertainty(kwargs.get("mode"), radius, given)
                    + "\nsmall U = far from the origin = confident; left bin: the most confident queries")
     fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
     if flat_radius is not None or one_value:

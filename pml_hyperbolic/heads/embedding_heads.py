@@ -103,7 +103,8 @@ class HyperbolicEmbeddingHead(nn.Module):
     every embedding on one sphere and d₀ is the same for all of them.
 
     ``radius="norm"``: the papers' exact head, ``ToPoincare(Linear(f))`` (Ermolov et al., CVPR'22:
-    128-d, c = 0.1, clip radius 2.3).
+    128-d, :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE` and
+    :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`).
 
     Pass a :class:`~pml_hyperbolic.geometry.PoincareGeometry` as ``c`` to share the curvature and
     the clipping with the distance, losses and evaluation (by reference); ``head.geometry`` is the
@@ -114,8 +115,10 @@ class HyperbolicEmbeddingHead(nn.Module):
         in_features: width of the backbone features.
         out_features: embedding dimension, default 128.
         c: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference) or a curvature
-            magnitude; default 0.1. See :class:`ToPoincare`.
-        clip_r: clip radius; unset: 2.3 (``None``: no clipping). Not with a geometry.
+            magnitude; default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`. See
+            :class:`ToPoincare`.
+        clip_r: clip radius; unset: :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R` (``None``: no
+            clipping). Not with a geometry.
         learnable_c: learn the curvature; unset: False. Not with a geometry.
         clip: ``"hard"`` (unset), ``"tanh"`` or ``None``. Not with a geometry.
         radius: ``"learned"`` (the polar head, default) or ``"norm"`` (the papers' head).

@@ -9,46 +9,18 @@ from numbers import Real
 import torch
 from torch import Tensor, nn
 
-from ..geometry import DEFAULT_CLIP_R, DEFAULT_CURVATURE, PoincareGeometry
-
-
-class _Unset:
-    """The "argument not given" marker of the heads' keyword arguments (``None`` is a value there:
-    ``clip_r=None`` means no clipping). One instance, compared by identity; it pickles to itself and
-    reads ``<unset>`` in ``help()``."""
-
-    __slots__ = ()
-    _instance: "_Unset | None" = None
-
-    def __new__(cls) -> "_Unset":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-    def __reduce__(self):
-        return (_Unset, ())
-
-    def __copy__(self) -> "_Unset":
-        return self
-
-    def __deepcopy__(self, memo) -> "_Unset":
-        return self
-
-
-_UNSET = _Unset()
+from ..geometry import _UNSET, DEFAULT_CURVATURE, PoincareGeometry, _Unset, as_geometry
 
 
 def resolve_geometry(c: float | Tensor | PoincareGeometry | nn.Module, clip_r: float | None | _Unset = _UNSET,
                      learnable_c: bool | _Unset = _UNSET, clip: str | None | _Unset = _UNSET,
                      default_clip: str | None = "hard") -> PoincareGeometry:
-    """The :class:`PoincareGeometry` a head uses.
+    """The :class:`PoincareGeometry` a head uses: :func:`~pml_hyperbolic.geometry.as_geometry` (the
+    package's one conversion), kept under this name for existing callers.
 
     Args:
         c: a ``PoincareGeometry`` (returned as is: the clipping and learnability are that object's),
-            or a float / 0-d tensor / hypll curvature from which a new geometry is built.
+            or a curvature from which a new geometry is built.
         clip_r: clip radius of the new geometry; unset: ``DEFAULT_CLIP_R``.
         learnable_c: learn the new geometry's curvature; unset: ``False``.
         clip: clipping mode of the new geometry; unset: ``default_clip``.
@@ -61,16 +33,7 @@ def resolve_geometry(c: float | Tensor | PoincareGeometry | nn.Module, clip_r: f
         ValueError: ``clip_r``, ``learnable_c`` or ``clip`` given together with a geometry, or
             rejected by :class:`PoincareGeometry`.
     """
-    if isinstance(c, PoincareGeometry):
-        given = [n for n, v in (("clip_r", clip_r), ("learnable_c", learnable_c), ("clip", clip)) if v is not _UNSET]
-        if given:
-            raise ValueError(f"{', '.join(given)} given together with a PoincareGeometry: the geometry owns "
-                             "the clipping and the curvature; set them when building it")
-        return c
-    return PoincareGeometry(
-        c=c, learnable_c=False if learnable_c is _UNSET else bool(learnable_c),
-        clip=default_clip if clip is _UNSET else clip,
-        clip_r=DEFAULT_CLIP_R if clip_r is _UNSET else clip_r)
+    return as_geometry(c, clip_r=clip_r, learnable_c=learnable_c, clip=clip, default_clip=default_clip)
 
 
 class ToPoincare(nn.Module):
@@ -85,8 +48,11 @@ class ToPoincare(nn.Module):
     Args:
         c: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (shared by reference: the clipping
             and the curvature are then that object's), or a curvature magnitude (float, tensor or
-            hypll object) from which a private geometry is built; default 0.1.
-        clip_r: clipping radius (> 0); unset: 2.3 (Hyp-ViT's). ``clip_r=None`` means no clipping
+            hypll object) from which a private geometry is built by
+            :func:`~pml_hyperbolic.geometry.as_geometry`; default
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`.
+        clip_r: clipping radius (> 0); unset: :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`
+            (Hyp-ViT's). ``clip_r=None`` means no clipping
             (as ``clip=None``). ``clip_r <= 0`` is an error rather than "off": a radius of 0 would
             map every feature to the origin.
         learnable_c: learn c (stored as log c in the geometry's hypll ``Curvature``); unset: False.

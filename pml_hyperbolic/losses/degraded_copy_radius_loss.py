@@ -41,7 +41,7 @@ class DegradedCopyRadiusLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Args:
         c: the head's :class:`~pml_hyperbolic.geometry.PoincareGeometry` (by reference; its
             curvature gives d₀).
-        margin: m ≥ 0 in units of d₀, default 0.2 (with c = 0.1 and clip radius 2.3, d₀ ≤ 4.6).
+        margin: m ≥ 0 in units of d₀, default 0.2 (with the default geometry's clip radius r, d₀ ≤ 2r ≈ 4.6).
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``reducer``, ...).
 
     Raises:

@@ -417,14 +417,18 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         embedding_size: D of the embeddings (and the proxies).
         num_proxies: P, default 512 (paper).
         margin: δ ≥ 0, default 0.1.
-        c: curvature magnitude, default 0.1 (Hyp-ViT): float, 0-d tensor or hypll
-            Curvature/PoincareBall, stored as given and read at every forward (learnable ones
+        c: the geometry: a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (the head's, by
+            reference: the proxies enter the ball exactly like the embeddings, by its ``to_ball``), or a
+            curvature (float, 0-d tensor or hypll Curvature/PoincareBall) turned into one by
+            :func:`~pml_hyperbolic.geometry.as_geometry` and read at every forward (learnable ones
             keep receiving gradients; a Parameter or hypll module is registered on the loss, so it is
-            part of ``parameters()``, like in ``PoincareDistance``). Embeddings are assumed to be ball points of this c (they are
+            part of ``parameters()``, like in ``PoincareDistance``). None (default):
+            :func:`~pml_hyperbolic.geometry.default_geometry`. Embeddings are assumed to be ball points of this c (they are
             projected into the ball, not mapped).
-        clip_r: clipping radius of the proxies' tangent vectors; ``"auto"`` (default): the clipping of
-            ``c`` when it is a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (the proxies enter the
-            ball exactly like the embeddings), else 2.3; None disables.
+        clip_r: clip radius of the geometry built from a curvature ``c`` (``"auto"``, the default:
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`; None: no clipping). With a
+            ``PoincareGeometry`` it is **deprecated** (a ``DeprecationWarning``; removed in the next
+            release): the proxies then use that radius with the geometry's curvature.
         tau: softmax temperature of the straight-through LCA selection, default 0.1.
         positives: ``"labels"`` (default) or ``"labels+mutual_nn"``.
         mutual_nn_k: k of the mutual-neighbour positives, default 10.
@@ -449,7 +453,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     """
 
     def __init__(self, embedding_size: int, num_proxies: int = 512, margin: float = 0.1,
-                 c: float | torch.Tensor | nn.Module = 0.1, clip_r: float | str | None = "auto", tau: float = 0.1,
+                 c: float | torch.Tensor | nn.Module | None = None, clip_r: float | str | None = "auto", tau: float = 0.1,
                  positives: str = "labels", mutual_nn_k: int = 10, proxy_term: bool = True, proxy_nn_k: int = 10,
                  max_triplets: int = 8192, max_proxy_triplets: int = 8192, stochastic_lca: bool = True,
                  proxy_init_std: float = 0.01, chunk_size: int = 8192, **kwargs: Any):
@@ -461,14 +465,10 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.num_proxies = _check_int(num_proxies, "num_proxies", 1)
         self.margin = check_nonnegative(margin, "margin")
         self.tau = check_positive(tau, "tau")
-        self._geometry_clips = isinstance(clip_r, str) and clip_r == "auto" and getattr(c, "_is_pml_geometry", False)
-        if isinstance(clip_r, str):
-            if clip_r != "auto":
-                raise ValueError(f"clip_r must be a number > 0, None or 'auto', got {clip_r!r}")
-            clip_r = c.clip_r if self._geometry_clips else 2.3
-        if clip_r is not None:
+        if isinstance(clip_r, str) and clip_r != "auto":
+            raise ValueError(f"clip_r must be a number > 0, None or 'auto', got {clip_r!r}")
+        if clip_r is not None and not isinstance(clip_r, str):
             clip_r = check_positive(clip_r, "clip_r")
-        self.clip_r = clip_r
         if positives not in _POSITIVES:
             raise ValueError(f"positives must be one of {_POSITIVES}, got {positives!r}")
         self.positives = positives
@@ -479,15 +479,16 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.chunk_size = _check_int(chunk_size, "chunk_size", 1)
         self.stochastic_lca = bool(stochastic_lca)
         std = check_nonnegative(proxy_init_std, "proxy_init_std")
-        try:
-            pb.as_curvature(c)  # validate now (a bad c fails at construction, naming c)
+        try:  # validates now (a bad c fails at construction, naming c)
+            geometry = self._proxy_geometry(c, clip_r)
         except TypeError as e:
             raise ValueError(f"c: {e}") from None
         if isinstance(c, nn.Module):
             self.curvature_module = c  # registers a hypll Curvature/PoincareBall's parameters
         elif isinstance(c, nn.Parameter):
             self.c_param = c
-        self._c = c  # by reference: read at every forward
+        self._c = c  # the caller's object, by reference (the state dict's keys of earlier versions)
+        self.__dict__["_geometry"] = geometry  # read at every forward; held, not registered
         self.proxies = nn.Parameter(torch.randn(self.num_proxies, self.embedding_size) * std)
         self.add_to_recordable_attributes(list_of_names=["margin", "tau"], is_stat=False)
 
@@ -500,7 +501,37 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     @property
     def c(self) -> torch.Tensor:
         """The current curvature magnitude (0-d tensor, differentiable if learnable)."""
-        return pb.as_curvature(self._c)
+        return self.geometry.curvature()
+
+    @property
+    def geometry(self):
+        """The :class:`~pml_hyperbolic.geometry.PoincareGeometry` in use (curvature, proxy clipping)."""
+        if "_geometry" not in self.__dict__:  # a loss pickled before it held one
+            clip_r = "auto" if self.__dict__.get("_geometry_clips") else self.__dict__.get("clip_r", "auto")
+            self.__dict__["_geometry"] = self._proxy_geometry(self._c, clip_r)
+        return self.__dict__["_geometry"]
+
+    @staticmethod
+    def _proxy_geometry(c, clip_r):
+        """The geometry of ``c`` (:func:`~pml_hyperbolic.geometry.as_geometry`); an explicit ``clip_r``
+        with a ``PoincareGeometry`` (deprecated) gives one sharing its curvature with that radius."""
+        import warnings
+
+        from ..geometry import PoincareGeometry, as_geometry
+
+        if not isinstance(c, PoincareGeometry):
+            return as_geometry(c) if isinstance(clip_r, str) else as_geometry(c, clip_r=clip_r)
+        if isinstance(clip_r, str):  # "auto"
+            return c
+        warnings.warn("HIERLoss(clip_r=...) together with a PoincareGeometry is deprecated and will be an error "
+                      "in the next release: the geometry owns the clip radius (set it when building the geometry)",
+                      DeprecationWarning, stacklevel=4)
+        return PoincareGeometry._sharing(c, None if clip_r is None else "hard", clip_r)
+
+    @property
+    def clip_r(self):
+        """The proxies' clip radius: the geometry's (None: no clipping)."""
+        return self.geometry.clip_r
 
     def _lca_stochastic(self) -> bool:
         return self.training and self.stochastic_lca
@@ -510,13 +541,11 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         x = self.proxies
         dtype = pb.compute_dtype(x.dtype if dtype is None else dtype)
         x = x.to(dtype)
-        if self._geometry_clips:  # the embeddings' own mapping (hard or tanh clip) of the shared geometry
-            return self._c.to_ball(x)
-        if self.clip_r is not None:
-            norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-            x = x * torch.clamp(self.clip_r / norm, max=1.0)
-        c = pb.as_curvature(self._c, dtype, x.device)
-        return pb.project(pb.expmap0(x, c), c)
+        # the geometry's own (overflow-safe) map, hard or tanh clip, as its to_ball (without to_ball's
+        # NaN scan: no device-to-host read per forward)
+        from ..geometry import map_to_ball
+        g = self.geometry
+        return map_to_ball(x, g.curvature(pb._wide_dtype(x), x.device), g.clip_r, g.clip)
 
     # ---- per-triplet LCA margin loss -------------------------------------------------------
     def _chunk_losses(self, dist, i, j, k):
@@ -609,7 +638,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         same_ref = ref_emb is embeddings
         dtype = pb.compute_dtype(torch.promote_types(torch.promote_types(embeddings.dtype, ref_emb.dtype),
                                                      self.proxies.dtype))
-        c = pb.as_curvature(self._c, dtype, embeddings.device)
+        c = self.geometry.curvature(dtype, embeddings.device)
         emb_c = pb.project(embeddings.to(dtype), c)
         ref_c = emb_c if same_ref else pb.project(ref_emb.to(dtype), c)
         proxies = self.proxies_in_ball(dtype)

@@ -69,7 +69,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         omega: Ω > 1, default 1.2; ``omega=10.0`` gives the paper's setting.
         eps: ε > 0 added to distances inside both logs (log 0 guard), default 1e-6.
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
-            ``PoincareDistance(c=0.1)``: the paper embeds in the Poincaré ball; ``reducer``, ...).
+            ``PoincareDistance()`` (default geometry): the paper embeds in the Poincaré ball; ``reducer``, ...).
 
     Raises:
         ValueError: ``omega`` ≤ 1 or ``eps`` ≤ 0; at call time, a ``distance`` that is a similarity
@@ -95,7 +95,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         check_inputs_on_call(self, hierarchical=True)
 
     def get_default_distance(self):
-        return PoincareDistance(c=0.1)
+        return PoincareDistance()
 
     def get_default_reducer(self):
         return MeanReducer()

@@ -148,7 +148,7 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             ((N, K) labels only); ``None`` (default): δ = γ.
         margin_form: ``"triplet"`` (default) or ``"contrastive"`` (Eq. (8)-(9) as written).
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
-            ``PoincareDistance(c=0.1)``; ``reducer``; ``embedding_regularizer``, ...).
+            ``PoincareDistance()`` (default geometry); ``reducer``; ``embedding_regularizer``, ...).
 
     Raises:
         ValueError: ``margin_form`` unknown, ``num_classes`` not a positive int, ``gamma`` or
@@ -191,7 +191,7 @@ class HierarchicalMarginLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         check_inputs_on_call(self, hierarchical=True)
 
     def get_default_distance(self):
-        return PoincareDistance(c=0.1)
+        return PoincareDistance()
 
     def get_default_reducer(self):
         return AvgNonZeroReducer()

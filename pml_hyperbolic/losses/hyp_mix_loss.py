@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..distances.mixed_geometry_distance import MixedGeometryDistance
+from ..geometry import _UNSET, DEFAULT_CURVATURE, PoincareGeometry, _Unset
 from ._common import check_bool
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 
@@ -25,12 +26,16 @@ class HypMixLoss(PairwiseCrossEntropyLoss):
     are used only when ``distance`` is None; a given ``distance`` is used as is.
 
     Args:
-        c: curvature, or a sequence of curvatures to mix; default 0.1.
+        c: the geometry or a curvature, or a sequence of them to mix (as
+            :class:`~pml_hyperbolic.distances.MixedGeometryDistance`); default
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`.
         lam: λ ≥ 0 (one, or one per curvature); default 3.0 (paper: 3 on CUB, 8 on Cars/SOP).
         tau_e: spherical temperature, default 0.05 (paper, Sec. 4).
         tau_h: hyperbolic temperature, default 0.2 (paper, Sec. 4).
         learnable_lambda: make λ a parameter of the distance.
-        clip_r: the clip radius applied before the ball map (``None``: no clipping); default 2.3.
+        clip_r: clip radius of geometries built from curvatures (unset:
+            :data:`~pml_hyperbolic.geometry.DEFAULT_CLIP_R`; ``None``: no clipping); deprecated with a
+            ``PoincareGeometry`` (its own radius is used), as in ``MixedGeometryDistance``.
         view_pairs: as in :class:`PairwiseCrossEntropyLoss`.
         distance: a ready :class:`~pml_hyperbolic.distances.MixedGeometryDistance`.
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``reducer``, ...).
@@ -49,9 +54,10 @@ class HypMixLoss(PairwiseCrossEntropyLoss):
     Design note: docs/design/losses.md
     """
 
-    def __init__(self, c: float | Sequence[float] = 0.1, lam: float | Sequence[float] = 3.0,
+    def __init__(self, c: float | PoincareGeometry | Sequence[float | PoincareGeometry] = DEFAULT_CURVATURE,
+                 lam: float | Sequence[float] = 3.0,
                  tau_e: float = 0.05, tau_h: float = 0.2, learnable_lambda: bool = False,
-                 clip_r: float | None = 2.3, view_pairs: bool = False,
+                 clip_r: float | None | _Unset = _UNSET, view_pairs: bool = False,
                  distance: MixedGeometryDistance | None = None, **kwargs):
         check_bool(learnable_lambda, "learnable_lambda")
         if distance is None:

@@ -29,7 +29,7 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     logits are sim/τ (Hyp-ViT's sphere baseline uses τ = 0.1).
 
     Args:
-        temperature: τ > 0, default 0.2 (Hyp-ViT, c = 0.1, Sec. 4 / authors' code).
+        temperature: τ > 0, default 0.2 (Hyp-ViT at the default curvature, Sec. 4 / authors' code).
         view_pairs: the authors' multi-view formulation. The batch is seen as (classes, m): each class
             must occur exactly m ≥ 2 times (view v of a class = its v-th occurrence in batch order).
             For every ordered pair of views (v, w), v ≠ w, a cross-entropy with anchor view v of each
@@ -43,7 +43,7 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             (one (B, m) per-view log-sum-exp after one regrouping copy of the logits), the
             denominator of (v → w) for anchor a is ``logaddexp(L[a, v], L[a, w])``: O(B²) + O(B·m).
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
-            ``PoincareDistance(c=0.1)`` as Hyp-ViT; ``reducer``, ...).
+            ``PoincareDistance()`` (default geometry) as Hyp-ViT; ``reducer``, ...).
 
     Raises:
         ValueError: ``temperature`` ≤ 0; at call time with ``view_pairs``, a batch whose classes do
@@ -69,7 +69,7 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         check_inputs_on_call(self)
 
     def get_default_distance(self):
-        return PoincareDistance(c=0.1)
+        return PoincareDistance()
 
     def get_default_reducer(self):
         return MeanReducer()

@@ -6,6 +6,7 @@ from pytorch_metric_learning.losses import BaseMetricLossFunction
 from pytorch_metric_learning.reducers import MeanReducer
 
 from ..distances import PoincareDistance
+from ..geometry import _UNSET, _Unset
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import check_inputs_on_call, check_positive, pair_masks, similarity_logits
 from ._uncertainty_mixin import UncertaintyFactorMixin
@@ -39,11 +40,16 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
         min_temperature: τ_min > 0, default 0.05.
         mode: the uncertainty normalisation, ``None`` (= ``"clip"``), ``"clip"``, ``"ball"``,
             ``"batch"`` or ``"literal"`` (see :mod:`pml_hyperbolic.uncertainty`).
-        c: curvature for U; None = the distance's ``c`` (``PoincareDistance``) else 0.1.
-        clip_r: the head's clip radius for ``"clip"`` mode, default 2.3 (Hyp-ViT).
+        c: the geometry U is computed on (its curvature and, in ``"clip"`` mode, its clip radius):
+            a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (the head's, by reference) or a
+            curvature given to :func:`~pml_hyperbolic.geometry.as_geometry`. None (default): the
+            distance's geometry (a ``PoincareDistance``'s), else
+            :func:`~pml_hyperbolic.geometry.default_geometry`.
+        clip_r: **deprecated** (a ``DeprecationWarning``; removed in the next release): a clip radius
+            for U other than the geometry's. Set it on the geometry instead.
         detach_uncertainty: compute U without gradient (default).
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
-            ``PoincareDistance(c=0.1)``; the paper tests c = 0.05, 0.1, 0.3).
+            ``PoincareDistance()``; the paper tests c ∈ {0.05, 0.1, 0.3}).
 
     Raises:
         ValueError: ``scale`` or ``min_temperature`` ≤ 0, an unknown ``scale_rule`` or ``mode``.
@@ -60,7 +66,7 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
 
     def __init__(self, scale: float = 0.3, scale_rule: str = "multiply", min_temperature: float = 0.05,
                  mode: str | None = None, c: float | torch.Tensor | torch.nn.Module | None = None,
-                 clip_r: float | None = 2.3, detach_uncertainty: bool = True, **kwargs):
+                 clip_r: float | None | _Unset = _UNSET, detach_uncertainty: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.scale = check_positive(scale, "scale")
         if scale_rule not in ("multiply", "divide"):
@@ -72,7 +78,7 @@ class UncertaintyAdaptiveContrastiveLoss(AcceptsManifoldTensors, UncertaintyFact
         check_inputs_on_call(self)
 
     def get_default_distance(self):
-        return PoincareDistance(c=0.1)
+        return PoincareDistance()
 
     def get_default_reducer(self):
         return MeanReducer()

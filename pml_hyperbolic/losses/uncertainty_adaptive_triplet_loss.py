@@ -9,6 +9,7 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
 from .. import poincare_ball as pb
 from ..distances import PoincareDistance
+from ..geometry import _UNSET, _Unset
 from ..manifold_tensors import AcceptsManifoldTensors
 from ._common import as_compute, check_inputs_on_call, check_nonnegative, pair_masks, sub_loss_reducer_type
 from ._uncertainty_mixin import UncertaintyFactorMixin
@@ -43,11 +44,16 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
     Args:
         margin_scale: ≥ 0 multiplier of the log factor; None = exp(c) (paper).
         mode: the uncertainty normalisation, as in :class:`UncertaintyAdaptiveContrastiveLoss`.
-        c: curvature for U, as in :class:`UncertaintyAdaptiveContrastiveLoss`.
-        clip_r: the head's clip radius for ``"clip"`` mode, default 2.3.
+        c: the geometry U is computed on (its curvature and, in ``"clip"`` mode, its clip radius):
+            a :class:`~pml_hyperbolic.geometry.PoincareGeometry` (the head's, by reference) or a
+            curvature given to :func:`~pml_hyperbolic.geometry.as_geometry`. None (default): the
+            distance's geometry (a ``PoincareDistance``'s), else
+            :func:`~pml_hyperbolic.geometry.default_geometry`.
+        clip_r: **deprecated** (a ``DeprecationWarning``; removed in the next release): a clip radius
+            for U other than the geometry's. Set it on the geometry instead.
         detach_uncertainty: compute U without gradient (default).
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
-            ``PoincareDistance(c=0.1)``; an inverted one uses S(a, n) − S(a, p) + α).
+            ``PoincareDistance()``; an inverted one uses S(a, n) − S(a, p) + α).
 
     Raises:
         ValueError: ``margin_scale`` < 0 or an unknown ``mode``.
@@ -63,7 +69,7 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
     """
 
     def __init__(self, margin_scale: float | None = None, mode: str | None = None,
-                 c: float | torch.Tensor | torch.nn.Module | None = None, clip_r: float | None = 2.3,
+                 c: float | torch.Tensor | torch.nn.Module | None = None, clip_r: float | None | _Unset = _UNSET,
                  detach_uncertainty: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.margin_scale = None if margin_scale is None else check_nonnegative(margin_scale, "margin_scale")
@@ -71,7 +77,7 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
         check_inputs_on_call(self)
 
     def get_default_distance(self):
-        return PoincareDistance(c=0.1)
+        return PoincareDistance()
 
     def get_default_reducer(self):
         return AvgNonZeroReducer()
@@ -81,7 +87,7 @@ class UncertaintyAdaptiveTripletLoss(AcceptsManifoldTensors, UncertaintyFactorMi
         f = self.uncertainty_factor(embeddings)
         if self.margin_scale is not None:
             return f * self.margin_scale
-        c = pb.as_curvature(self._curvature(), f.dtype, f.device).detach()
+        c = self.uncertainty_geometry.curvature(f.dtype, f.device).detach()
         return f * c.exp()  # e^c, the paper's scale; a tensor op: no device-to-host read per step
 
     def compute_loss(self, embeddings: torch.Tensor, labels: torch.Tensor, indices_tuple: tuple | None,

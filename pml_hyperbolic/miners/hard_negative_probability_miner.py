@@ -58,7 +58,8 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
     out of both the softmax and the positives.
 
     Args:
-        distance: any PML distance; default ``PoincareDistance(c=0.1)`` (Hyp-ViT/HypMix, c = 0.1).
+        distance: any PML distance; default ``PoincareDistance()`` (the package's default curvature,
+            Hyp-ViT/HypMix's).
         temperature: τ > 0; default 0.2 (the hyperbolic τ of Hyp-ViT and HypMix; HypMix uses
             0.05 for the cosine branch).
         threshold: weight threshold in (0, 1] or ``None``.
@@ -86,7 +87,7 @@ class HardNegativeProbabilityMiner(AcceptsManifoldTensors, BaseMiner):
         **kwargs,
     ):
         if distance is None:
-            distance = PoincareDistance(c=0.1)
+            distance = PoincareDistance()
         super().__init__(distance=distance, **kwargs)
         self.temperature = check_positive(temperature, "temperature")
         self.threshold = check_threshold(threshold, "threshold")

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import poincare_ball as pb
+from ..geometry import DEFAULT_CURVATURE, as_geometry
 from ..manifold_tensors import unwrap_ball_tensor
 from ..threads import limited_threads, uncontended_threads
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
@@ -100,7 +101,9 @@ class HierarchicalPseudoLabeler:
     Args:
         levels: cluster counts per level, finest first (strictly decreasing, ≥ 1). ``None`` (the
             default) means (100, 70, 40, 10) unless ``distance_thresholds`` is given.
-        c: curvature of the ball (default 0.1, the Hyp-ViT/HypMix head; Yan et al. use 1).
+        c: the geometry of the ball, or a curvature (:func:`~pml_hyperbolic.geometry.as_geometry`);
+            default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`, the Hyp-ViT/HypMix head's
+            (Yan et al. use c = 1).
         distance_thresholds: linkage heights per level (strictly increasing); excludes ``levels``.
         exact_max_samples: largest N clustered exactly.
         n_fine_clusters: k-means clusters of the approximate path (``None``: see above).
@@ -127,7 +130,7 @@ class HierarchicalPseudoLabeler:
     def __init__(
         self,
         levels: Sequence[int] | None = None,
-        c: float | torch.Tensor | torch.nn.Module = 0.1,
+        c: float | torch.Tensor | torch.nn.Module = DEFAULT_CURVATURE,
         distance_thresholds: Sequence[float] | None = None,
         exact_max_samples: int = 4096,
         n_fine_clusters: int | None = None,
@@ -144,8 +147,9 @@ class HierarchicalPseudoLabeler:
         else:
             self.levels = None
             self.distance_thresholds = _check_thresholds(distance_thresholds)
-        pb.as_curvature(c)  # ValueError naming c
-        self.c = c
+        if c is None:
+            raise TypeError("c must be a curvature or a PoincareGeometry, got None")
+        self.geometry = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
         self.exact_max_samples = _check_int(exact_max_samples, "exact_max_samples", 0)
         if n_fine_clusters is not None:
             n_fine_clusters = _check_int(n_fine_clusters, "n_fine_clusters", 2)
@@ -158,6 +162,11 @@ class HierarchicalPseudoLabeler:
         self.kmeans_iterations = _check_int(kmeans_iterations, "kmeans_iterations", 1)
         self.kmeans_points_per_cluster = _check_int(kmeans_points_per_cluster, "kmeans_points_per_cluster", 1)
         self.seed = _check_int(seed, "seed", 0)
+
+    @property
+    def c(self) -> float:
+        """The current curvature magnitude of :attr:`geometry` (read at each use)."""
+        return float(self.geometry.curvature(torch.float64).detach())
 
     @property
     def num_levels(self) -> int:

@@ -44,7 +44,7 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
     similarity: sim(i, j) ≤ sim(i, l)), computed with ``distance``.
 
     Args:
-        distance: PML distance used by ``violating_only`` (default ``PoincareDistance(c=0.1)``).
+        distance: PML distance used by ``violating_only`` (default ``PoincareDistance()`` (default geometry)).
         pseudo_labeler: optional :class:`HierarchicalPseudoLabeler` (decoding/on-the-fly labels).
         triplets_per_anchor: ``None`` (all) or an int ≥ 1.
         violating_only: keep only order-violating triplets (default False: the paper trains on
@@ -72,7 +72,7 @@ class HierarchicalSimilarityMiner(AcceptsManifoldTensors, BaseMiner):
         **kwargs,
     ):
         if distance is None:
-            distance = PoincareDistance(c=0.1)
+            distance = PoincareDistance()
         super().__init__(distance=distance, **kwargs)
         if pseudo_labeler is not None and not isinstance(pseudo_labeler, HierarchicalPseudoLabeler):
             raise ValueError("pseudo_labeler must be a HierarchicalPseudoLabeler or None")

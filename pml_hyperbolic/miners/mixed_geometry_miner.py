@@ -43,7 +43,7 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
     Args:
         distances: list of PML distances (≥ 2 for a fusion; 1 is allowed and equals
             :class:`HardNegativeProbabilityMiner`). Default ``[CosineSimilarity(),
-            PoincareDistance(c=0.1)]``: the paper's Euclidean (sphere) and hyperbolic branches.
+            PoincareDistance()]``: the paper's Euclidean (sphere) and hyperbolic branches.
             All are applied to the same embeddings; to reproduce HypMix's single head that maps
             one Euclidean output onto both the sphere and the ball, pass distances that perform
             that mapping (e.g. distances built from ``MixedGeometryDistance``'s parts).
@@ -74,7 +74,7 @@ class MixedGeometryMiner(AcceptsManifoldTensors, BaseMiner):
         **kwargs,
     ):
         if distances is None:
-            distances = [CosineSimilarity(), PoincareDistance(c=0.1)]
+            distances = [CosineSimilarity(), PoincareDistance()]
         if not isinstance(distances, (list, tuple)) or len(distances) == 0:
             raise ValueError("distances must be a non-empty list of PML distances")
         n = len(distances)

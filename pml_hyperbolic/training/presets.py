@@ -37,8 +37,8 @@ HCL_PAPER_HYPERBOLIC_WEIGHT = 0.1
 HCL_GLYPH_TRUNK_LR = 3e-5
 HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
 # How HCL's two object views of a glyph are augmented (pml_hyperbolic.data.transforms.glyph_view_transform;
-# the one list of choices, kept here because the recipes' command line must stay torch-free).
-GLYPH_VIEW_AUGMENTATIONS = ("crop", "font")
+# the one list of choices is the data floor's, torch-free: the recipes' command line reads it here).
+from ..data.registry import GLYPH_VIEW_AUGMENTATIONS  # noqa: E402 (defined by the data floor, re-exported here)
 HCL_GLYPH_VIEW_AUGMENTATION = "crop"
 HCL_GLYPH_CHOICE_COMMAND = ("python -m bench hcl_validation --threads 1 --lrs 3e-5 --weights 0.1 --views crop,font "
                             "--carve-seeds 0,1,2,3 --seeds 0,1,2 --top 2")

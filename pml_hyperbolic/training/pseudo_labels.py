@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from ..geometry import DEFAULT_CURVATURE, as_geometry
 from .presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from .presets import UNSUPERVISED_HEAD_INITS as HEAD_INITS
 from .presets import PSEUDO_LABEL_LINKAGES as LINKAGES
@@ -286,7 +287,8 @@ class UnsupervisedPseudoLabels:
     Args:
         levels: clusters per level, finest first. Default ``(512,)`` (one level, chosen on the glyph
             validation split); the paper's K = 4 setting is :data:`PAPER_PSEUDO_LEVELS`.
-        c: curvature of the embeddings' ball.
+        c: the embeddings' geometry (a :class:`~pml_hyperbolic.geometry.PoincareGeometry`, by
+            reference) or a curvature, given to :func:`~pml_hyperbolic.geometry.as_geometry`.
         linkage: ``"ward"`` (default) or ``"average"`` (the paper's Eq. 3; on embeddings it is
             :class:`~pml_hyperbolic.miners.HierarchicalPseudoLabeler`, the Poincaré distance).
         source: ``"features"`` (default): always the (pre-trained) backbone features, so the labels
@@ -307,7 +309,7 @@ class UnsupervisedPseudoLabels:
     Design note: docs/design/pseudo-labels.md
     """
 
-    def __init__(self, levels: Sequence[int] = DEFAULT_PSEUDO_LEVELS, c: float = 0.1, linkage: str = "ward",
+    def __init__(self, levels: Sequence[int] = DEFAULT_PSEUDO_LEVELS, c: Any = DEFAULT_CURVATURE, linkage: str = "ward",
                  source: str = "features", min_cluster_size: int = 4, whiten: Optional[int] = DEFAULT_WHITEN,
                  seed: int = 0):
         self.levels = _check_levels(levels)
@@ -322,16 +324,19 @@ class UnsupervisedPseudoLabels:
         if isinstance(min_cluster_size, bool) or not isinstance(min_cluster_size, (int, np.integer)) \
                 or min_cluster_size < 1:
             raise ValueError(f"min_cluster_size must be an integer >= 1, got {min_cluster_size!r}")
-        from .. import poincare_ball as pb
-
-        pb.as_curvature(c)
-        self.c, self.linkage, self.source = c, linkage, source
+        self.geometry = as_geometry(c)  # ValueError / TypeError naming c; a PoincareGeometry by reference
+        self.linkage, self.source = linkage, source
         self.min_cluster_size, self.seed = int(min_cluster_size), int(seed)
         self.rounds_ = 0
         self._cached = None
 
+    @property
+    def c(self) -> float:
+        """The current curvature magnitude of :attr:`geometry` (read at each use)."""
+        return float(self.geometry.curvature(torch.float64).detach())
+
     @classmethod
-    def paper(cls, c: float = 0.1, seed: int = 0, levels: Sequence[int] = PAPER_PSEUDO_LEVELS,
+    def paper(cls, c: Any = DEFAULT_CURVATURE, seed: int = 0, levels: Sequence[int] = PAPER_PSEUDO_LEVELS,
               min_cluster_size: int = 4) -> "UnsupervisedPseudoLabels":
         """Yan et al.'s setting: average linkage, K = 4 levels (100, 70, 40, 10), pre-trained
         features at the start, learned embeddings at every re-clustering.
@@ -342,7 +347,7 @@ class UnsupervisedPseudoLabels:
         setting ends with NaN embeddings on the bundled glyphs).
 
         Args:
-            c: curvature of the embeddings' ball.
+            c: the embeddings' geometry or a curvature (as in the class).
             seed: seed of the average-linkage labeler.
             levels: clusters per level, finest first.
             min_cluster_size: finest clusters smaller than this are merged.
@@ -427,7 +432,7 @@ class UnsupervisedPseudoLabels:
             return linkage_levels(tangent, levels, "ward"), tangent
         from ..miners import HierarchicalPseudoLabeler
 
-        labeler = HierarchicalPseudoLabeler(levels=levels, c=self.c, seed=self.seed)
+        labeler = HierarchicalPseudoLabeler(levels=levels, c=self.geometry, seed=self.seed)
         return labeler.fit_predict(z).numpy(), tangent
 
 

@@ -22,8 +22,8 @@ from ..backbones import PretrainedWeightsUnavailableError
 from ..data.image_list import DatasetNotFoundError, collate_skipping_unreadable
 from . import config as cfg
 from .checkpoint import CheckpointManager, ctrl_c_deferred, restore_trainer, unwrap
-from .cli import (RecipeCommandLine, backup_previous_run, discard_previous_run, previous_run_files,
-                  restore_previous_run)
+from .command_line import (RecipeCommandLineBase, backup_previous_run, discard_previous_run,  # noqa: F401
+                           missing_data_message, previous_run_files, resolve_dataset, restore_previous_run)
 # check_batch_settings and RunWriteError: public here too
 from .config import ConfigError, RunWriteError, check_batch_settings, run_write_error  # noqa: F401
 from .distributed import barrier, cleanup, init_distributed, wrap_loss, wrap_miner, wrap_model
@@ -76,61 +76,6 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-
-
-def resolve_dataset(requested: str, data_root: Optional[str],
-                    real_default: str) -> Tuple[str, Optional[str], Optional[str]]:
-    """Map ``--dataset`` to (canonical name, root, banner-or-None).
-
-    The bundled datasets (``glyphs``, ``icons``) need no root. 'auto' looks for ``real_default``
-    (``--data-root``, else the dataset's environment variable or ``$PML_HYPERBOLIC_DATA``, via
-    :func:`pml_hyperbolic.data.find_dataset_root`); when absent it falls back to the bundled glyphs
-    and returns a one-line banner saying so. An explicit ``--data-root``
-    that holds no recognisable layout is an error (never a silent fallback).
-
-    Args:
-        requested: the ``--dataset`` value (a key of ``config.DATASET_ALIASES``).
-        data_root: ``--data-root``, or None.
-        real_default: the recipe's real dataset, looked for by ``auto``.
-
-    Returns:
-        ``(name, root or None, banner or None)``.
-
-    Raises:
-        ConfigError: the dataset (or ``--data-root``) does not hold a recognisable layout.
-    """
-    from ..data import find_dataset_root
-    from ..data.registry import ROOT_ENVIRONMENT_VARIABLES, SHARED_DATA_VARIABLE
-
-    name = cfg.DATASET_ALIASES[requested]
-    if name in cfg.BUNDLED_DATASETS:
-        return name, None, None
-    target = real_default if name == "auto" else name
-    root = find_dataset_root(target, data_root)
-    if root is not None and (data_root is None or os.path.abspath(os.path.expanduser(root))
-                             == os.path.abspath(os.path.expanduser(data_root))):
-        return target, root, None
-    env = ROOT_ENVIRONMENT_VARIABLES.get(target, "")
-    if name == "auto" and data_root is None:
-        banner = (f"[pml-hyperbolic] {target} not found (no --data-root; ${env} / ${SHARED_DATA_VARIABLE} unset or "
-                  f"not holding it): using the bundled glyph dataset. For the real data pass --data-root DIR or "
-                  f"set {env}=DIR.")
-        return "glyphs", None, banner
-    raise ConfigError(missing_data_message(target, data_root))
-
-
-def missing_data_message(name: str, data_root: Optional[str]) -> str:
-    """The error text for dataset ``name`` not found at ``data_root``: the layouts the loader
-    accepts, where to get the data, and the flags that fix it."""
-    from ..data.registry import DATASET_CLASSES, ROOT_ENVIRONMENT_VARIABLES
-    from ..data.image_list import missing_dataset_error
-
-    cls = DATASET_CLASSES[name]
-    env = ROOT_ENVIRONMENT_VARIABLES.get(name, "")
-    where = data_root if data_root else f"${env} (unset or not holding the data)"
-    detail = str(missing_dataset_error(name, where, cls.LAYOUTS, cls.SOURCE))
-    return (f"{detail} Fix: pass --data-root DIR (the folder in one of the layouts above) or set {env}=DIR; "
-            "or run on the bundled data with --dataset glyphs.")
 
 
 def backbone_size_kwargs(name: str, image_size: int) -> Dict:
@@ -257,11 +202,12 @@ def _silence_pml_missing_key(key: str) -> None:
         c_f.LOGGER.addFilter(_DropMissingKey())
 
 
-class Recipe(RecipeCommandLine):
+class Recipe(RecipeCommandLineBase):
     """The runnable recipe: data, model, training, evaluation and results (torch, PML).
 
     Recipe scripts subclass :class:`~.cli.RecipeCommandLine` (light); instantiating one makes it a
-    subclass of this class. Subclassing ``Recipe`` directly works as well (then importing the script
+    subclass of this class. Both derive from :class:`~.command_line.RecipeCommandLineBase`, so this
+    module never imports ``cli``. Subclassing ``Recipe`` directly works as well (then importing the script
     imports torch). Subclasses override the builders below.
 
     Design note: docs/design/training.md
@@ -317,7 +263,6 @@ class Recipe(RecipeCommandLine):
         plot_poincare_disk(embeddings, labels, disk, c=self.geometry, radius_histogram=True)
         out["poincare_disk"] = disk
         unc = os.path.join(self.run_dir, "uncertainty_vs_recall.png")
-        clip = getattr(self.args, "clip_r", None)
         import warnings
 
         with warnings.catch_warnings():
@@ -328,8 +273,7 @@ class Recipe(RecipeCommandLine):
                                                reference_embeddings=reference_embeddings,
                                                reference_labels=reference_labels,
                                                title=f"Recall@1 per uncertainty bin\n({protocol})",
-                                               n_bins=5,  # quintiles: enough queries per bin to read its recall
-                                               **({"clip_r": clip} if clip is not None else {}))
+                                               n_bins=5)  # quintiles: enough queries per bin to read its recall
         # The plot is drawn for every hyperbolic recipe; only Hyp-UML (whose loss uses the uncertainty)
         # explains a degenerate one. Its bins are printed in the end-of-run summary.
         radius_said = getattr(getattr(self, "evaluator", None), "radius_report", None) is not None  # in the summary
@@ -343,7 +287,7 @@ class Recipe(RecipeCommandLine):
 
         self.uncertainty_auroc = uncertainty_failure_auroc(
             embeddings, labels, c=self.geometry, reference_embeddings=reference_embeddings,
-            reference_labels=reference_labels, **({"clip_r": clip} if clip is not None else {}))
+            reference_labels=reference_labels)  # U's clip radius: the geometry's
         return out
 
     def retrieval_grid(self, embeddings: torch.Tensor, labels: torch.Tensor,
@@ -606,7 +550,7 @@ class Recipe(RecipeCommandLine):
         self.run_dir = a.output_dir or self.default_run_dir()
         if self.ctx.is_main:
             # Recipe.main checked this before loading anything; checked again for direct callers of run()
-            from .cli import check_run_folder
+            from .command_line import check_run_folder
 
             check_run_folder(self.run_dir, a.resume, a.overwrite)
             if a.overwrite and previous_run_files(self.run_dir):
