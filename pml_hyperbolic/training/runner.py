@@ -337,9 +337,10 @@ class Recipe(RecipeCommandLineBase):
         self.status(f"indexing the {self.dataset_name} data" + (f" in {self.data_root}" if self.data_root else "")
                     + " ...")
         started = time.time()
-        # the glyph pipeline keeps characters unmirrored and uncropped; everything else, the RGB icons
+        # the glyph pipeline keeps drawings unmirrored and uncropped (a mirrored character or arrow is
+        # another class): the glyphs and the monochrome icon sets; everything else, the RGB theme icons
         # included, takes the ImageNet one
-        kind = "glyph" if self.dataset_name == "glyphs" else "imagenet"
+        kind = "glyph" if self.dataset_name in ("glyphs", "iconify") else "imagenet"
         train_tf = build_transforms(kind, train=True, image_size=a.image_size, resize_size=a.resize_size)
         eval_tf = build_transforms(kind, train=False, image_size=a.image_size, resize_size=a.resize_size)
         train_set = build_dataset(self.dataset_name, "train", root=self.data_root, transform=train_tf)
