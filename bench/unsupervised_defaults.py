@@ -16,6 +16,9 @@ backbone frozen), a ``HyperbolicEmbeddingHead(1280)`` with its defaults trained 
 * ``unsup``: ``HierarchicalPseudoLabeler()`` (its defaults) clusters the head's embeddings of the clean
   training views at step 0 and every ``--recluster-every`` steps; ``HierarchicalLogRatioLoss()`` (its
   defaults, ``--loss-kwargs`` adds keyword arguments) trains on all K columns; no label is used;
+* ``unsup_whiten``: ``unsup`` with the head's linear layer first set by
+  ``training.pseudo_labels.whitening_head_init`` (PCA whitening of the training features, the
+  unsupervised recipe's scale 10; no label used): a head that starts near the features' geometry;
 * ``hier_margin``: ``HierarchicalMarginLoss(num_classes=…)`` with its defaults on the real labels.
 
 ``--split val`` (default): 32 training classes are carved out per seed (``carve_validation`` with the
@@ -36,7 +39,7 @@ import torch
 
 from bench import _quality_common as qc
 
-ROWS = ("raw", "head", "unsup", "hier_margin")
+ROWS = ("raw", "head", "unsup", "unsup_whiten", "hier_margin")
 C = 0.1  # the head's and the losses' default curvature
 
 
@@ -60,7 +63,12 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
     np.random.seed(seed)
     head = _head()
     clean = train.acts[:, 0]
-    if row == "unsup":
+    if row == "unsup_whiten":
+        from pml_hyperbolic.training.presets import DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE
+        from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+
+        whitening_head_init(head.linear, clean, scale=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE)
+    if row in ("unsup", "unsup_whiten"):
         loss = HierarchicalLogRatioLoss(**loss_kwargs)
         labeler = HierarchicalPseudoLabeler(seed=seed)
 
@@ -71,7 +79,7 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
         loss = HierarchicalMarginLoss(num_classes=int(train.labels.max()) + 1)
         relabel = None
     else:
-        raise ValueError(f"row must be 'unsup' or 'hier_margin', got {row!r}")
+        raise ValueError(f"row must be 'unsup', 'unsup_whiten' or 'hier_margin', got {row!r}")
     cfg = qc.BenchConfig(**{**qc.config_dict(cfg), "seeds": tuple(cfg.seeds), "recluster_every": recluster_every})
     qc.train_with_labels(cfg, train, torch.nn.Identity(), head, loss, seed=seed, relabel=relabel)
     return head
