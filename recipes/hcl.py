@@ -149,6 +149,12 @@ class HCL(RecipeCommandLine):
         if self.args.trunk_train == "tail" and not self.args.freeze_trunk:
             from pml_hyperbolic.training.hcl_trainer import train_only_the_tail
 
+            if not hasattr(self.trunk, "conv_head") and "trunk_train" not in getattr(self.args, "_explicit", ()):
+                # the preset's "tail" names the preset backbone's parts; another backbone trains whole
+                self.say(f"[hcl] --trunk-train tail needs an EfficientNet/MobileNet trunk; the "
+                         f"{type(self.trunk).__name__} trunk trains whole (--trunk-train all)")
+                return
+
             try:
                 n = train_only_the_tail(self.trunk)
             except ValueError as err:
