@@ -17,11 +17,12 @@ from pml_hyperbolic.training.cli import ConfigError, ImportedOnUse, RecipeComman
 from pml_hyperbolic.training.config import (DATASET_ALIASES, nonnegative_float, positive_float, positive_int,
                                             unit_fraction)
 from pml_hyperbolic.training.presets import (GLYPH_VIEW_AUGMENTATIONS, HCL_GLYPH_HYPERBOLIC_WEIGHT,  # torch-free
-                                             HCL_GLYPH_TRUNK_LR, HCL_GLYPH_VIEW_AUGMENTATION,
-                                             HCL_PAPER_HYPERBOLIC_WEIGHT)
+                                             HCL_GLYPH_QUEUE_SIZE, HCL_GLYPH_TRUNK_LR,
+                                             HCL_GLYPH_VIEW_AUGMENTATION, HCL_PAPER_HYPERBOLIC_WEIGHT)
 BUNDLED_GLYPH_SIDE = 40  # pixels of a bundled glyph image (pml_hyperbolic/data/cjk_glyphs.npz); scenes tile them
 #: The paper's settings, applied with --annotations (COCO-style data).
-COCO_PRESET = {"backbone": "resnet50", "image_size": 224, "batch_size": 256, "lr": 0.03, "epochs": 200}
+COCO_PRESET = {"backbone": "resnet50", "image_size": 224, "batch_size": 256, "lr": 0.03, "epochs": 200,
+               "trunk_train": "all"}
 
 
 class HCL(RecipeCommandLine):
@@ -38,7 +39,8 @@ class HCL(RecipeCommandLine):
     glyph_preset = {**RecipeCommandLine.glyph_preset, "batch_size": 64, "samples_per_class": 1,
                     "lr": HCL_GLYPH_TRUNK_LR, "hyperbolic_weight": HCL_GLYPH_HYPERBOLIC_WEIGHT,
                     "view_augmentation": HCL_GLYPH_VIEW_AUGMENTATION,
-                    "head_lr": 3e-3, "grad_clip": None, "k_values": [1, 2, 4, 8]}
+                    "head_lr": 3e-3, "grad_clip": None, "k_values": [1, 2, 4, 8],
+                    "freeze_trunk": False, "trunk_train": "tail", "queue_size": HCL_GLYPH_QUEUE_SIZE}
     paper_presets = {}
 
     @classmethod
@@ -57,6 +59,9 @@ class HCL(RecipeCommandLine):
         g.add_argument("--view-augmentation", choices=GLYPH_VIEW_AUGMENTATIONS, default=None,
                        help="Bundled glyph scenes: 'crop' (random resized crop) or 'font' (typeface-like changes) "
                             "for the two object views; --annotations uses MoCo v2's photo augmentation.")
+        g.add_argument("--trunk-train", choices=("all", "tail"), default=None,
+                       help="What of the trunk trains: 'all', or 'tail' (an EfficientNet/MobileNet's last block "
+                            "and conv_head, every BatchNorm frozen).")
         g.add_argument("--canvas-size", type=positive_int, default=112, help="Bundled scenes: canvas side in pixels.")
         g.add_argument("--max-objects", type=positive_int, default=4, help="Objects per scene: 2..max-objects.")
 
@@ -138,6 +143,23 @@ class HCL(RecipeCommandLine):
         self.splits_to_eval = eval_protocol("glyphs")
         self.eval_sets = {s: seeded_subset(GlyphDataset(s, transform=eval_tf), a.max_eval_samples, a.seed)
                           for s in ("query", "gallery")}
+
+    def setup_model(self):
+        super().setup_model()
+        if self.args.trunk_train == "tail" and not self.args.freeze_trunk:
+            from pml_hyperbolic.training.hcl_trainer import train_only_the_tail
+
+            if not hasattr(self.trunk, "conv_head") and "trunk_train" not in getattr(self.args, "_explicit", ()):
+                # the preset's "tail" names the preset backbone's parts; another backbone trains whole
+                self.say(f"[hcl] --trunk-train tail needs an EfficientNet/MobileNet trunk; the "
+                         f"{type(self.trunk).__name__} trunk trains whole (--trunk-train all)")
+                return
+
+            try:
+                n = train_only_the_tail(self.trunk)
+            except ValueError as err:
+                raise ConfigError(str(err))
+            self.say(f"[hcl] trunk: only the last block and conv_head train ({n} parameters), BatchNorm frozen")
 
     def build_sampler(self, labels, per_rank_batch):
         import torch

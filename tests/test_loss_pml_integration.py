@@ -21,7 +21,7 @@ import _loss_reference as ref
 
 def all_losses():
     return [PairwiseCrossEntropyLoss(), HypMixLoss(), UncertaintyAdaptiveContrastiveLoss(),
-            UncertaintyAdaptiveTripletLoss(), HierarchicalLogRatioLoss(omega=10.0),  # the references' Ω
+            UncertaintyAdaptiveTripletLoss(), HierarchicalLogRatioLoss(omega=10.0, one_sided=False),  # the references' form
             HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=64)]
 
 
@@ -484,14 +484,14 @@ def test_log_ratio_large_batch_memory_bounded():
     z = embed(B, d=16).requires_grad_()
     y = torch.stack([torch.arange(100).repeat_interleave(9), torch.arange(100).repeat_interleave(9) // 10], 1)
     with LargestAllocation() as mem:  # counts allocations, not time: deterministic
-        out = HierarchicalLogRatioLoss(omega=10.0)(z, y)
+        out = HierarchicalLogRatioLoss(omega=10.0, one_sided=False)(z, y)
         out.backward()
     assert torch.isfinite(out) and torch.isfinite(z.grad).all() and bool((z.grad != 0).any())
     # O(B²): at most a few (B, B) float64 matrices, never a (B, B, ·) tensor (one per triplet = B³)
     assert mem.max_bytes <= 4 * B * B * 8, (mem.max_bytes, mem.op)
     # and the value is the dense per-anchor mean over all triplets
     want = dense_log_ratio_per_anchor(z, y)
-    assert torch.allclose(HierarchicalLogRatioLoss(omega=10.0)(z.detach().double(), y), want, rtol=1e-9)
+    assert torch.allclose(HierarchicalLogRatioLoss(omega=10.0, one_sided=False)(z.detach().double(), y), want, rtol=1e-9)
     assert torch.allclose(out.detach().double(), want, rtol=1e-4)
 
 

@@ -83,7 +83,7 @@ def test_log_ratio_reference(c, m, use_ref, two_level):
         L, RL = torch.stack([y, y // 2], 1), torch.stack([ry, ry // 2], 1)
     else:
         L, RL = y, ry
-    loss = HierarchicalLogRatioLoss(omega=10.0, distance=PoincareDistance(c=c))
+    loss = HierarchicalLogRatioLoss(omega=10.0, one_sided=False, distance=PoincareDistance(c=c))  # the paper's form
     Ll = L.view(len(L), -1).tolist()
     RLl = RL.view(len(RL), -1).tolist()
     kwargs = dict(ref_emb=R, ref_labels=RL) if use_ref else {}
@@ -121,8 +121,9 @@ def loop_level(a, b):
     return len(a) + 1
 
 
-def loop_log_ratio(E, L, R, RL, c, omega, eps, self_ref):
-    """Every triplet (i, j, l), s_ij < s_il, enumerated; mean over l per (i, j), then over (i, j)."""
+def loop_log_ratio(E, L, R, RL, c, omega, eps, self_ref, one_sided=False):
+    """Every triplet (i, j, l), s_ij < s_il, enumerated; mean over l per (i, j), then over (i, j).
+    ``one_sided``: only residuals > 0 (the farther sample not Ω^(s_il − s_ij) times as far) count."""
     per_pair = []
     for i in range(len(E)):
         for j in range(len(R)):
@@ -138,7 +139,7 @@ def loop_log_ratio(E, L, R, RL, c, omega, eps, self_ref):
                     continue
                 r = (torch.log(loop_poincare(E[i], R[j], c) + eps) - torch.log(loop_poincare(E[i], R[l], c) + eps)
                      - (sij - sil) * math.log(omega))
-                terms.append(r ** 2)
+                terms.append(torch.relu(r) ** 2 if one_sided else r ** 2)
             if terms:
                 per_pair.append(sum(terms) / len(terms))
     return sum(per_pair) / len(per_pair)
@@ -206,18 +207,21 @@ def check_value_and_grad(got, want, inputs):
 @pytest.mark.parametrize("c", [0.1, 1.0])
 @pytest.mark.parametrize("use_ref", [False, True])
 @pytest.mark.parametrize("omega,eps", [(10.0, 1e-6), (1.2, 1e-6), (3.0, 0.5)])  # paper, new default, other
-def test_log_ratio_nk_labels_vs_loop(c, use_ref, omega, eps):
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_log_ratio_nk_labels_vs_loop(c, use_ref, omega, eps, one_sided):
     E, L, R, RL = three_level_batch(c, use_ref)
-    loss = HierarchicalLogRatioLoss(omega=omega, eps=eps, distance=PoincareDistance(c=c))
+    loss = HierarchicalLogRatioLoss(omega=omega, eps=eps, one_sided=one_sided, distance=PoincareDistance(c=c))
     got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
-    want = loop_log_ratio(E, L.tolist(), R, RL.tolist(), c, omega, eps, not use_ref)
+    want = loop_log_ratio(E, L.tolist(), R, RL.tolist(), c, omega, eps, not use_ref, one_sided)
     check_value_and_grad(got, want, [E, R] if use_ref else [E])
 
 
-def test_log_ratio_nk_labels_gradcheck():
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_log_ratio_nk_labels_gradcheck(one_sided):
     E, L, R, RL = three_level_batch(0.1, True, seed=3)
     E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
-    loss = HierarchicalLogRatioLoss(distance=PoincareDistance(c=0.1))
+    loss = HierarchicalLogRatioLoss(omega=3.0 if one_sided else 1.2, one_sided=one_sided,
+                                    distance=PoincareDistance(c=0.1))
     assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
     assert torch.autograd.gradcheck(lambda e: loss(e, L), (E,))
 

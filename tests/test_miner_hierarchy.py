@@ -114,6 +114,8 @@ def test_smoke_and_defaults():
         (dict(c=-1.0), "c"),
         (dict(levels=(100, 10), n_fine_clusters=50), "n_fine_clusters"),
         (dict(samples_per_cluster=0), "samples_per_cluster"),
+        (dict(linkage="single"), "linkage"),
+        (dict(linkage=None), "linkage"),
     ],
 )
 def test_bad_args(kwargs, name):
@@ -144,10 +146,12 @@ def test_nested_counts_and_recovers_truth(exact):
     np.testing.assert_array_equal(lab.fine_to_hierarchy_[y[:, 0]].numpy(), y.numpy())
 
 
-def test_exact_and_approximate_agree():
+@pytest.mark.parametrize("linkage_name", ["average"])  # Ward's approximate path: unweighted centroids
+def test_exact_and_approximate_agree(linkage_name):
     x, _, _ = hierarchical_blobs(per=25, seed=3)
-    exact = HierarchicalPseudoLabeler(levels=(9, 6, 3)).fit_predict(x)
-    approx = HierarchicalPseudoLabeler(levels=(9, 6, 3), exact_max_samples=0, n_fine_clusters=40).fit_predict(x)
+    exact = HierarchicalPseudoLabeler(levels=(9, 6, 3), linkage=linkage_name).fit_predict(x)
+    approx = HierarchicalPseudoLabeler(levels=(9, 6, 3), exact_max_samples=0, n_fine_clusters=40,
+                                       linkage=linkage_name).fit_predict(x)
     for k in range(3):
         assert same_partition(exact[:, k], approx[:, k])
 
@@ -165,9 +169,22 @@ def test_exact_matches_scipy_on_explicit_hyperbolic_matrix():
 
     d = np.array([[dist(xs[i], xs[j]) if i != j else 0.0 for j in range(n)] for i in range(n)])
     ref = cut_merges(linkage_to_merges(linkage(squareform(d, checks=False), method="average")), n, n_clusters=[12, 6, 2])
-    got = HierarchicalPseudoLabeler(levels=(12, 6, 2), c=c).fit_predict(x)
+    got = HierarchicalPseudoLabeler(levels=(12, 6, 2), c=c, linkage="average").fit_predict(x)  # the paper's
     for k in range(3):
         assert same_partition(got[:, k], ref[:, k])
+
+
+def test_ward_matches_scipy_on_the_tangent_vectors():
+    x, _, _ = hierarchical_blobs(per=5, seed=4)
+    c = 0.1
+    tangent = [[a * math.atanh(math.sqrt(c) * math.sqrt(sum(v * v for v in u))) / (math.sqrt(c) * math.sqrt(
+        sum(v * v for v in u))) for a in u] for u in x.tolist()]  # log_0^c(x) = artanh(√c‖x‖) x / (√c‖x‖)
+    ref = cut_merges(linkage_to_merges(linkage(np.array(tangent), method="ward")), len(x), n_clusters=[12, 6, 2])
+    assert HierarchicalPseudoLabeler().linkage == "average"  # the paper's, the default
+    got = HierarchicalPseudoLabeler(levels=(12, 6, 2), c=c, linkage="ward").fit_predict(x)
+    for k in range(3):
+        assert same_partition(got[:, k], ref[:, k])
+
 
 
 @pytest.mark.parametrize("exact", [True, False])

@@ -26,6 +26,40 @@ def _per_level_tables(y: torch.Tensor, bins: torch.Tensor, K: int):
     return count, sum1, sum2
 
 
+def _one_sided_dense(y: torch.Tensor, bins: torch.Tensor, K: int):
+    """Per pair (i, j) with level t = bins[i, j] in 1..K: the mean over the farther set
+    {l : bins[i, l] > t} of relu(y_ij − y_il)², and whether that set is non-empty.
+
+    Per level t the farther values of each row are sorted once; for every partner j the terms with
+    y_il < y_ij are n·y_ij² − 2·y_ij·Σy_il + Σy_il², read from prefix sums at the sorted position
+    of y_ij (O(K·B² log B), no B³ tensor)."""
+    yd = y.double()
+    n, m = yd.shape
+    out = torch.zeros_like(yd)
+    has = torch.zeros(yd.shape, dtype=torch.bool, device=y.device)
+    zero_col = torch.zeros(n, 1, dtype=yd.dtype, device=y.device)
+    for t in range(1, K + 1):
+        pairs = bins == t
+        if not bool(pairs.any()):
+            continue
+        far = bins > t
+        n_far = far.sum(1, keepdim=True)
+        vals = torch.where(far, yd, torch.full_like(yd, float("inf")))
+        srt, _ = torch.sort(vals, dim=1)
+        finite = torch.where(torch.isfinite(srt), srt, torch.zeros_like(srt))
+        p1 = torch.cat([zero_col, finite.cumsum(1)], 1)
+        p2 = torch.cat([zero_col, (finite * finite).cumsum(1)], 1)
+        k = torch.searchsorted(srt.detach().contiguous(), yd.detach().contiguous())  # #farther values < y_ij
+        k = torch.minimum(k, n_far.expand(-1, m))
+        s1, s2 = p1.gather(1, k), p2.gather(1, k)
+        total = (k.to(yd.dtype) * yd * yd - 2 * yd * s1 + s2).clamp_min(0)  # float64: no real cancellation
+        mean = total / n_far.clamp_min(1).to(yd.dtype)
+        valid = pairs & (n_far > 0)
+        out = torch.where(valid, mean, out)
+        has = has | valid
+    return out, has
+
+
 class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Log-ratio loss driven by hierarchical similarity levels.
 
@@ -36,7 +70,19 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             - (s_{ij} - s_{il}) \log \Omega\Big)^2
 
     (Yan et al. Eq. (5), :math:`\log \Omega^{s_{ij} - s_{il}}`; plain, not squared, distances as in
-    the log-ratio loss of Kim et al. CVPR'19 it builds on).
+    the log-ratio loss of Kim et al. CVPR'19 it builds on). With ``one_sided=True`` (the default) only
+    a farther sample that is not yet :math:`\Omega^{s_{il} - s_{ij}}` times as far costs:
+
+    .. math::
+        \ell^{+}_{ijl} = \Big[\log \frac{D(z_i, z_j) + \epsilon}{D(z_i, z_l) + \epsilon}
+            - (s_{ij} - s_{il}) \log \Omega\Big]_+^2 .
+
+    Why one-sided by default: in the ball, distance ratios are not scale-free. Far from the origin
+    :math:`D(x, y) \approx d_0(x) + d_0(y) + 2\log\sin(\theta/2)/\sqrt{c}`, so moving every point
+    outward pulls all ratios towards 1. The two-sided square penalises ratios *above* the target too,
+    and its cheapest way to shrink them is that radial drift: trained on pseudo-labels it ends with
+    every embedding at the clip radius (the radius then carries nothing). The hinge never asks a
+    ratio to shrink, so it has no outward pull; ``one_sided=False`` is the paper's regression.
 
     **Similarity levels.** ``labels`` is 1-D (one level) or (N, K) with column k the cluster id at
     level k, finest first (as ``HierarchicalPseudoLabeler.fit_predict`` returns). s_ij is the
@@ -68,10 +114,16 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Args:
         omega: Ω > 1, default 1.2; ``omega=10.0`` gives the paper's setting.
         eps: ε > 0 added to distances inside both logs (log 0 guard), default 1e-6.
+        one_sided: True (default): the hinge :math:`\ell^{+}`; False: the paper's squared residual.
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
             ``PoincareDistance()`` (default geometry): the paper embeds in the Poincaré ball; ``reducer``, ...).
 
+    With ``one_sided=True`` the dense path sorts, per anchor and level, the farther samples'
+    :math:`y_{il}` once and reads :math:`\sum_{l:\,y_{il} < x_{ij}} (x_{ij} - y_{il})^2` from prefix sums
+    at the sorted position of :math:`x_{ij}` (O(K·B² log B)); each (i, j) is one "pos_pair" element.
+
     Raises:
+        TypeError: ``one_sided`` not a bool.
         ValueError: ``omega`` ≤ 1 or ``eps`` ≤ 0; at call time, a ``distance`` that is a similarity
             (``is_inverted``), or ``labels`` / ``ref_labels`` with different numbers of levels.
         ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
@@ -84,13 +136,17 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Design note: docs/design/losses.md
     """
 
-    def __init__(self, omega: float = 1.2, eps: float = 1e-6, **kwargs):
+    def __init__(self, omega: float = 1.2, eps: float = 1e-6, one_sided: bool = True, **kwargs):
+        if not isinstance(one_sided, bool):
+            raise TypeError(f"one_sided must be a bool (True: only too-small ratios cost; False: the paper's "
+                            f"squared regression), got {type(one_sided).__name__} {one_sided!r}")
         super().__init__(**kwargs)
         omega = check_positive(omega, "omega")
         if not omega > 1:
             raise ValueError(f"omega must be > 1 (more similar => closer), got {omega!r}")
         self.omega = omega
         self.eps = check_positive(eps, "eps")
+        self.one_sided = one_sided
         self.add_to_recordable_attributes(list_of_names=["omega"], is_stat=False)
         check_inputs_on_call(self, hierarchical=True)
 
@@ -135,14 +191,24 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             if a.numel() == 0:
                 return self.zero_losses()
             ratio = torch.log(mat[a, j] + self.eps) - torch.log(mat[a, l] + self.eps)
-            target = (s[a, j] - s[a, l]).to(mat.dtype) * log_omega
-            losses = (ratio - target) ** 2
+            gap = (s[a, j] - s[a, l]).to(mat.dtype)
+            residual = ratio - gap * log_omega
+            if self.one_sided:  # only a farther sample that is not Ω^gap times as far costs
+                residual = torch.relu(-torch.sign(gap) * residual)
+            losses = residual ** 2
             return {"loss": {"losses": losses, "indices": (a, j, l), "reduction_type": "triplet"}}
         y = torch.log(mat + self.eps) - s.to(mat.dtype) * log_omega  # x_ij and y_il share this form
         K = levels.shape[1]
         bins = s.clone()
         if ref_emb is embeddings:
             bins.fill_diagonal_(0)  # bin 0: never a partner, never a farther sample
+        if self.one_sided:
+            per_pair, valid = _one_sided_dense(y, bins, K)
+            i, j = torch.where(valid)
+            if i.numel() == 0:
+                return self.zero_losses()
+            losses = per_pair[i, j].to(mat.dtype)
+            return {"loss": {"losses": losses, "indices": (i, j), "reduction_type": "pos_pair"}}
         count, sum1, sum2 = _per_level_tables(y, bins, K)
         # farther set of a pair at level t: bins t+1 .. K+1 (suffix sums over the bins)
         farther = [torch.flip(torch.flip(v, [1]).cumsum(1), [1])[:, 2:] for v in (count, sum1, sum2)]

@@ -14,6 +14,7 @@ from ..threads import limited_threads, uncontended_threads
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
 
 PAPER_LEVELS = (100, 70, 40, 10)
+LINKAGES = ("ward", "average")
 # up to this many points the clustering runs single-threaded without asking: scipy's linkage
 # (one thread) dominates there, and looking at the machine would cost more than threads gain
 _SERIAL_MAX_SAMPLES = 1024
@@ -60,21 +61,32 @@ class HierarchicalPseudoLabeler:
 
     Yan et al., "Unsupervised Hyperbolic Metric Learning" (CVPR 2021), Sec. 3.3: agglomerative
     clustering whose cluster-to-cluster distance is the mean pairwise distance (Eq. 3,
-    average linkage / UPGMA)
+    average linkage / UPGMA; ``linkage="average"``)
 
     .. math:: d_{ab} = \frac{1}{n_a n_b}\sum_{z_i\in C_a,\, z_j\in C_b} d_c(z_i, z_j),
 
     with :math:`d_c` the Poincaré distance (the paper's Eq. 3 prints a Euclidean norm although
     it clusters "in the hyperbolic space"; we use the geodesic distance, as the text says), cut
-    at K levels. ``fit_predict(z)`` returns N × K int64 labels, column k = cluster id at level k,
+    at K levels. ``linkage="ward"``: Ward's minimum-variance linkage of the points mapped to the
+    tangent space at the origin, :math:`v_i = \log_0^c(z_i)`; a merge of A and B costs
+
+    .. math:: \Delta(A, B) = \frac{n_A n_B}{n_A + n_B}\,\lVert \bar v_A - \bar v_B \rVert^2 .
+
+    Why offer Ward: average linkage chains on embeddings of a pretrained network (one cluster takes a
+    large share of the points, many points stay singletons); Ward's clusters stay of comparable size.
+    The default stays the paper's average linkage: trained through the log-ratio loss on a randomly
+    initialised head, Ward's labels did not score higher (docs/design/pseudo-labels.md).
+
+    ``fit_predict(z)`` returns N × K int64 labels, column k = cluster id at level k,
     **finest first**; the levels are nested (every fine cluster lies inside one coarse cluster).
 
     Levels are given either as cluster counts, strictly decreasing (``levels``; default
     (100, 70, 40, 10), the paper's K = 4 setting of Table 2), or as linkage-distance thresholds,
     strictly increasing (``distance_thresholds``; the paper's Fig. 4 uses {5, 10, 15}).
 
-    **Exact path** (N ≤ ``exact_max_samples``, default 4096): the full float64 N × N hyperbolic
-    distance matrix (fused ``poincare_ball.pairwise_dist``) and scipy's average linkage.
+    **Exact path** (N ≤ ``exact_max_samples``, default 4096): average linkage on the full float64
+    N × N hyperbolic distance matrix (fused ``poincare_ball.pairwise_dist``); Ward on the float64
+    tangent vectors (scipy, both).
 
     **Approximate path** (larger N; memory no longer O(N²)):
 
@@ -86,7 +98,8 @@ class HierarchicalPseudoLabeler:
        ``samples_per_cluster`` (default 8) random members of each cluster (an unbiased estimate
        of the mean over all member pairs);
     3. exact weighted average linkage over the fine clusters, each weighted by its size
-       (Lance–Williams: :math:`d(A\cup B, C) = (n_A d_{AC} + n_B d_{BC})/(n_A+n_B)`), then cut.
+       (Lance–Williams: :math:`d(A\cup B, C) = (n_A d_{AC} + n_B d_{BC})/(n_A+n_B)`), then cut;
+       with Ward, steps 2–3 are Ward's linkage of the fine clusters' tangent centroids (unweighted).
 
     The approximation: points that k-means puts in one fine cluster are never separated (the
     tree is exact average linkage *over fine clusters*, not over points), and the initial
@@ -104,7 +117,8 @@ class HierarchicalPseudoLabeler:
         c: the geometry of the ball, or a curvature (:func:`~pml_hyperbolic.geometry.as_geometry`);
             default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`, the Hyp-ViT/HypMix head's
             (Yan et al. use c = 1).
-        distance_thresholds: linkage heights per level (strictly increasing); excludes ``levels``.
+        distance_thresholds: linkage heights per level (strictly increasing); excludes ``levels``
+            (with Ward: merge heights of the tangent vectors, not hyperbolic distances).
         exact_max_samples: largest N clustered exactly.
         n_fine_clusters: k-means clusters of the approximate path (``None``: see above).
         samples_per_cluster: members per fine cluster used to estimate inter-cluster averages.
@@ -112,6 +126,7 @@ class HierarchicalPseudoLabeler:
         kmeans_points_per_cluster: k-means is trained on at most this many random points per
             centroid (default 32; faiss path), then every point is assigned to its nearest one.
         seed: seed for k-means and the subsampling.
+        linkage: ``"average"`` (default, the paper's Eq. 3) or ``"ward"``.
 
     Attributes (after ``fit_predict``): ``level_sizes_`` (clusters per level), ``used_exact_``,
     ``merge_heights_`` (sorted linkage heights), ``fine_to_hierarchy_`` (n_0 × K int64: the
@@ -119,7 +134,8 @@ class HierarchicalPseudoLabeler:
     determines the whole row; :class:`HierarchicalSimilarityMiner` uses it to decode 1-D labels).
 
     Raises:
-        ValueError: ``levels`` / ``distance_thresholds`` malformed or both given, a bad ``c``,
+        ValueError: ``levels`` / ``distance_thresholds`` malformed or both given, a bad ``c``, an
+            unknown ``linkage``,
             integer arguments (``exact_max_samples``, ``n_fine_clusters``, ``samples_per_cluster``,
             ``kmeans_iterations``, ``kmeans_points_per_cluster``, ``seed``) that are not integers
             at their minimum or above (bool included).
@@ -138,7 +154,11 @@ class HierarchicalPseudoLabeler:
         kmeans_iterations: int = 15,
         kmeans_points_per_cluster: int = 32,
         seed: int = 0,
+        linkage: str = "average",
     ):
+        if linkage not in LINKAGES:
+            raise ValueError(f"linkage must be one of {LINKAGES} ('average' is the paper's), got {linkage!r}")
+        self.linkage = linkage
         if levels is not None and distance_thresholds is not None:
             raise ValueError("give either levels (cluster counts) or distance_thresholds, not both")
         if distance_thresholds is None:
@@ -214,6 +234,9 @@ class HierarchicalPseudoLabeler:
         from scipy.spatial.distance import squareform
 
         x64 = pb.project(x.double(), self.c)
+        if self.linkage == "ward":
+            z = linkage(pb.logmap0(x64, self.c).numpy(), method="ward")
+            return self._cut(linkage_to_merges(z), x.shape[0])
         d = pb.pairwise_dist(x64, x64, self.c).numpy()
         d = 0.5 * (d + d.T)  # exact symmetry for scipy
         np.fill_diagonal(d, 0.0)
@@ -256,6 +279,13 @@ class HierarchicalPseudoLabeler:
                 f"k-means produced {n_nodes} non-empty fine clusters, fewer than levels[0] = {self.levels[0]}; "
                 "increase n_fine_clusters"
             )
+        if self.linkage == "ward":
+            from scipy.cluster.hierarchy import linkage
+
+            centroids = np.zeros((n_nodes, tangent.shape[1]), dtype=np.float64)
+            np.add.at(centroids, assignment, tangent.astype(np.float64))
+            centroids /= sizes[:, None]
+            return self._cut(linkage_to_merges(linkage(centroids, method="ward")), n_nodes), assignment
         mean_dist = self._cluster_mean_distances(ball, assignment, n_nodes)
         merges = weighted_average_linkage(mean_dist, sizes)
         return self._cut(merges, n_nodes), assignment

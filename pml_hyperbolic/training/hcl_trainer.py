@@ -27,6 +27,49 @@ from .checkpoint import unwrap
 from .trainer import HyperbolicTrainer
 
 
+TRUNK_TRAIN_MODES = ("all", "tail")
+
+
+def train_only_the_tail(trunk: torch.nn.Module) -> int:
+    """Freeze a timm EfficientNet / MobileNet trunk except its last block and ``conv_head``, and every
+    BatchNorm at its running statistics (timm's frozen BatchNorm: no statistic or affine update).
+
+    Why: on a small self-supervised budget, fine-tuning the whole trunk (BatchNorm in training mode
+    on batches of composed scenes) moves the pretrained representation away faster than the MoCo and
+    scene→object losses can shape it; the last block is the part those losses can move usefully.
+
+    Args:
+        trunk: a timm EfficientNet-family model (``blocks``, ``conv_head``); modified in place.
+
+    Returns:
+        The number of parameters left trainable.
+
+    Raises:
+        ValueError: ``trunk`` has no ``blocks`` / ``conv_head`` (not an EfficientNet-family model).
+
+    Design note: docs/design/training.md
+    """
+    from timm.layers import freeze_batch_norm_2d
+
+    blocks = getattr(trunk, "blocks", None)
+    if blocks is None or not hasattr(trunk, "conv_head") or len(blocks) == 0:
+        raise ValueError(f"train_only_the_tail needs a timm EfficientNet/MobileNet trunk (blocks, conv_head), got "
+                         f"{type(trunk).__name__}; use --trunk-train all for other backbones")
+    for name, child in list(trunk.named_children()):
+        frozen = freeze_batch_norm_2d(child)
+        if frozen is not child:
+            setattr(trunk, name, frozen)
+    trunk.requires_grad_(False)
+    for part in (trunk.blocks[-1], trunk.conv_head):
+        for p in part.parameters(recurse=True):
+            p.requires_grad_(True)
+    for m in trunk.modules():  # frozen BatchNorm buffers only: nothing to train there
+        if "FrozenBatchNorm" in type(m).__name__:
+            for p in m.parameters(recurse=False):
+                p.requires_grad_(False)
+    return sum(p.numel() for p in trunk.parameters() if p.requires_grad)
+
+
 class KeyQueue(HyperbolicCrossBatchMemory):
     """The package's one cross-batch memory (:class:`~pml_hyperbolic.losses.HyperbolicCrossBatchMemory`)
     used as HCL's key queue: it adds the queue position to the checkpoint, and does not accept

@@ -11,7 +11,7 @@ from __future__ import annotations
 __all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS", "PAPER_PSEUDO_LEVELS", "DEFAULT_PSEUDO_LEVELS",
            "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES", "UNSUPERVISED_HEAD_INITS",
            "DEFAULT_UNSUPERVISED_HEAD_INIT", "DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE", "HCL_PAPER_HYPERBOLIC_WEIGHT",
-           "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_CHOICE_COMMAND",
+           "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_QUEUE_SIZE", "HCL_GLYPH_CHOICE_COMMAND",
            "GLYPH_VIEW_AUGMENTATIONS", "HCL_GLYPH_VIEW_AUGMENTATION", "HIER_MARGIN_GLYPH_HEAD_LR"]
 
 # Pseudo-label settings of the unsupervised method (used by ``training.pseudo_labels``, which explains
@@ -36,6 +36,10 @@ DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 HCL_PAPER_HYPERBOLIC_WEIGHT = 0.1
 HCL_GLYPH_TRUNK_LR = 3e-5
 HCL_GLYPH_HYPERBOLIC_WEIGHT = 0.1
+# The bundled run is short (45 steps of 64 scenes): a queue of the paper's 65,536 keys never fills, so
+# InfoNCE's loss grows with the queue and hides the learning; 512 keys fill in 8 steps. The trunk trains
+# (the shared glyph preset freezes it, which would leave HCL's representation untouched).
+HCL_GLYPH_QUEUE_SIZE = 512
 # How HCL's two object views of a glyph are augmented (pml_hyperbolic.data.transforms.glyph_view_transform;
 # the one list of choices is the data floor's, torch-free: the recipes' command line reads it here).
 from ..data.registry import GLYPH_VIEW_AUGMENTATIONS  # noqa: E402 (defined by the data floor, re-exported here)

@@ -1,0 +1,33 @@
+"""bench/unsupervised_defaults.py's plumbing: the paired table against the features and the
+argument checks (the training itself is the bench's, run by hand)."""
+import pytest
+
+from bench import unsupervised_defaults as ud
+
+
+def rec(dataset, row, seed, r1, r8, at_clip=0.0):
+    return {"dataset": dataset, "row": row, "seed": seed, "recall_at_1": r1, "recall_at_8": r8, "at_clip": at_clip}
+
+
+def test_table_pairs_every_row_with_raw_seed_by_seed():
+    results = [rec("glyphs", "raw", 0, 0.30, 0.60, float("nan")), rec("glyphs", "raw", 1, 0.20, 0.50, float("nan")),
+               rec("glyphs", "unsup", 0, 0.31, 0.58, 0.0), rec("glyphs", "unsup", 1, 0.18, 0.52, 1.0)]
+    lines = ud.table(results).splitlines()
+    (unsup,) = [line for line in lines if "| unsup |" in line]
+    # R@1 deltas +1 and −2: mean −0.5, worst −2.0; R@8 deltas −2, +2: mean 0.0, worst −2.0; half at the clip
+    assert "| -0.5 (-2.0) |" in unsup and "| +0.0 (-2.0) |" in unsup and unsup.endswith("| 50% |")
+    (raw,) = [line for line in lines if "| raw |" in line]
+    assert "| — |" in raw
+
+
+@pytest.mark.parametrize("argv,match", [(["--datasets", "mnist"], "--datasets"), (["--rows", "raw,foo"], "--rows")])
+def test_bad_arguments_are_named(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        ud.parse_args(argv)
+    assert match in capsys.readouterr().err
+
+
+def test_every_bank_dataset_is_accepted():
+    from bench import _quality_common as qc
+
+    assert ud.parse_args(["--datasets", ",".join(qc.BANK_DATASETS)]).datasets.split(",") == list(qc.BANK_DATASETS)
