@@ -31,6 +31,7 @@ Design note: docs/design/geometry.md
 from __future__ import annotations
 
 import math
+import os
 from numbers import Real
 from typing import Union
 
@@ -383,7 +384,16 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     slower composite float64 path whose graph can be differentiated again. Points on or outside
     the boundary get :func:`dist`'s values (same denominator floor) and leave the other pairs
     untouched.
+
+    On CUDA tensors, ``PML_HYPERBOLIC_TRITON=1`` routes the call to the fused Triton kernels
+    (:func:`pml_hyperbolic.kernels.triton_pairwise.pairwise_poincare_dist_triton`); opt-in until
+    they are verified on a GPU (design note: docs/design/gpu-kernel.md).
     """
+    if x.device.type == "cuda" and os.environ.get("PML_HYPERBOLIC_TRITON", "0").strip() in ("1", "true", "yes", "on"):
+        from .kernels.triton_pairwise import pairwise_poincare_dist_triton, triton_available
+
+        if triton_available(x.device):
+            return pairwise_poincare_dist_triton(x, y, c)
     x, y = _upcast(x), _upcast(y)
     if x.dtype != y.dtype:
         x, y = x.double(), y.double()
