@@ -580,7 +580,7 @@ class Recipe(RecipeCommandLine):
         the OS has descheduled."""
         requested = getattr(self.args, "threads", "auto")
         if requested == "auto":
-            from ..threads import run_threads
+            from ..kernels.threads import run_threads
 
             wanted = run_threads()
         else:
