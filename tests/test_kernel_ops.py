@@ -85,3 +85,46 @@ def test_torch_compile_traces_the_distance_op_without_graph_breaks():
     c = torch.tensor(0.3)
     compiled = torch.compile(lambda a, cc: ops.poincare_pairwise_dist(a, a, cc), fullgraph=True, backend="eager")
     assert torch.allclose(compiled(x, c), ops.poincare_pairwise_dist(x, x, c))
+
+
+needs_native = pytest.mark.skipif(kernels.status()["pairwise"] != "native", reason="native kernels unavailable here")
+
+
+def _native_cases(dtype):
+    """(operator, args, test_utils) for every native operator on a small input."""
+    g = torch.Generator().manual_seed(9)
+    n, p = 20, 6
+    P = torch.rand(n, n, generator=g, dtype=torch.float64).to(dtype)
+    q = torch.rand(n, generator=g, dtype=torch.float64).to(dtype) + 1
+    x = ((torch.rand(n, 5, generator=g, dtype=torch.float64) - 0.5) * 0.5).to(dtype)
+    x2 = (x.double() ** 2).sum(1)
+    G = (x @ x.T).triu()
+    p2, qq = (0.2 / (1 - 0.1 * x2)).to(dtype), (1 / (1 - 0.1 * x2)).to(dtype)
+    dist = (torch.rand(n, p, generator=g, dtype=torch.float64) + 0.1).to(dtype)
+    i, j, k = (torch.randint(0, n, (8,), generator=g) for _ in range(3))
+    rows = i.numel()
+    lca = (dist, i, j, k, 2.0, 0.1, True, 12345, dist.new_empty(rows), torch.empty(rows, dtype=torch.long),
+           torch.empty(rows, dtype=torch.long), dist.new_empty(2, rows, p), dist.new_empty(3, rows),
+           dist.new_empty(2, 2 * p), [0, 4, rows])
+    u = torch.rand(2, rows, p, generator=g, dtype=torch.float64).to(dtype)
+    ops_ = torch.ops.pml_hyperbolic
+    static = ("test_schema", "test_faketensor")
+    counted = ("test_schema",)  # (an int result is data-dependent: a fake size cannot be compared with it)
+    return [
+        (ops_._native_tail_.default, (P.clone(), torch.empty_like(P), q, 3.0, [0, 7, n]), static),
+        (ops_._native_log1p.default, (P.flatten().clone(), torch.empty(n * n, dtype=dtype)), static),
+        (ops_._native_sym_tail_.default, (G.clone(), torch.empty_like(G), x2.to(dtype), p2, qq, 3.0, 1e-3, [0, 2]),
+         counted),
+        (ops_._native_sym_grad_.default, (P, (P + 0.5).triu(), [0, 2]), static),
+        (ops_._native_row_terms.default, (x, 0.1, 2.0 ** -60, 1e5, 1e-30, True), counted),
+        (ops_._native_uniform_rows_.default, (7, 3, torch.empty(4, p, dtype=dtype)), static),
+        (ops_._native_lca_rows_.default, lca, counted),
+        (ops_._native_lca_backward_.default, (torch.zeros_like(dist), dist, i, j, k, u, q[:rows], [0, 10, n]), counted),
+    ]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_native_operators(dtype):
+    for op, args, utils in _native_cases(dtype):
+        torch.library.opcheck(op, args, test_utils=utils)

@@ -53,6 +53,7 @@ _NAME = "pml_hyperbolic_kernels"
 
 _log = logging.getLogger("pml_hyperbolic.kernels")
 _lock = threading.Lock()
+_fakes_registered = False
 _state: dict = {}  # "ops": the operator namespace or None, "reason": status text, "path": build folder
 
 
@@ -79,7 +80,8 @@ def cache_dir() -> Path:
 def build_key() -> str:
     """Hash of the sources and flags (the build folder's name; torch's version and the Python ABI
     name the folder above it)."""
-    parts = [path.read_bytes() for path in SOURCES] + [repr(FLAGS).encode(), os.environ.get("PML_HYPERBOLIC_CC", "").encode()]
+    parts = [path.read_bytes() for path in SOURCES]
+    parts += [repr(FLAGS).encode(), os.environ.get("PML_HYPERBOLIC_CC", "").encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -137,6 +139,7 @@ def _load():
         warnings.warn(f"pml_hyperbolic: the compiled kernels failed their self-check ({exc}); discarded the build, "
                       "using the torch path", RuntimeWarning, stacklevel=5)
         raise
+    _register_fakes()
     _state["path"] = str(folder)
     return ops
 
@@ -178,3 +181,32 @@ def status() -> str:
         return "torch (disabled by PML_HYPERBOLIC_NATIVE=0)"
     library()
     return _state["reason"]
+
+
+def _register_fakes() -> None:
+    """Fake (meta) implementations of the native operators (in-place loops: nothing to allocate;
+    their int results are data-dependent), so that traced graphs and ``opcheck`` can reason about
+    them. Registered once, after the operators themselves."""
+    global _fakes_registered
+    if _fakes_registered:
+        return
+    _fakes_registered = True
+
+    def dynamic(*args, **kwargs):
+        return torch.library.get_ctx().new_dynamic_size()
+
+    def nothing(*args, **kwargs):
+        return None
+
+    def row_terms(x, c, floor, extreme_inv_a, tiny_sq, extras):
+        n = x.shape[0]
+        f64 = x.new_empty(n, dtype=torch.float64)
+        ctx = torch.library.get_ctx()
+        return (f64, torch.empty_like(f64), x.new_empty(3 if extras else 0, n), ctx.new_dynamic_size(),
+                ctx.new_dynamic_size())
+
+    for name, fake in (("_native_tail_", nothing), ("_native_log1p", nothing), ("_native_sym_tail_", dynamic),
+                       ("_native_sym_grad_", nothing), ("_native_row_terms", row_terms),
+                       ("_native_uniform_rows_", nothing), ("_native_lca_rows_", dynamic),
+                       ("_native_lca_backward_", dynamic)):
+        torch.library.register_fake(f"pml_hyperbolic::{name}", fake)
