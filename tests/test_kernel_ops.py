@@ -85,6 +85,13 @@ def test_torch_compile_traces_the_distance_op_without_graph_breaks():
     c = torch.tensor(0.3)
     compiled = torch.compile(lambda a, cc: ops.poincare_pairwise_dist(a, a, cc), fullgraph=True, backend="eager")
     assert torch.allclose(compiled(x, c), ops.poincare_pairwise_dist(x, x, c))
+    # forward and backward traced by AOTAutograd (the backward op recomputes the N×M buffer there)
+    loss = torch.compile(lambda a, cc: ops.poincare_pairwise_dist(a, a, cc).sum(), fullgraph=True,
+                         backend="aot_eager")
+    traced, eager = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    loss(traced, c).backward()
+    ops.poincare_pairwise_dist(eager, eager, c).sum().backward()
+    assert torch.allclose(traced.grad, eager.grad, rtol=1e-5, atol=1e-6)
 
 
 needs_native = pytest.mark.skipif(kernels.status()["pairwise"] != "native", reason="native kernels unavailable here")
