@@ -70,7 +70,7 @@ def load_text() -> str:
 def cpu_1thread(fn, repeats: int = 1):
     """(least CPU seconds of ``repeats`` calls of ``fn`` run with 1 torch/faiss thread, last
     result). CPU time at 1 thread is the figure that a busy machine distorts least."""
-    from pml_hyperbolic.threads import limited_threads
+    from pml_hyperbolic.kernels.threads import limited_threads
 
     best, out = float("inf"), None
     with limited_threads(1):

@@ -28,7 +28,7 @@ head-like points, hyperbolic radii d₀ uniform in [1, 2.5], [0, 2.5] and [0, 0.
 points at the origin, d₀ in [15, 30] and points at ``project``'s edge: fwd+bwd as a ratio to
 ``CosineSimilarity`` fwd+bwd, fwd as a ratio to a GEMM ``x @ x.T`` of the same shape (1-thread CPU
 time, interleaved), the max error against a float64 reference, and the load average. The "tail"
-column says which elementwise tail ran: the fused native loop (``pml_hyperbolic/_native.py``) or
+column says which elementwise tail ran: the fused native loop (``pml_hyperbolic/kernels/native.py``) or
 the torch ops.
 
 Usage:  python -m bench distance            (N=M=900 and N=M=4096, D=128, ~2-3 min)
@@ -264,7 +264,8 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
     (x @ x.T), 1-thread CPU time, medians of interleaved repeats; max error against float64.
     With several ``paths`` (native, torch) each repeat measures the kernel once per path, so the
     paths' ratios come from the same run and the same background load."""
-    from pml_hyperbolic import _native
+    from pml_hyperbolic.kernels import build as _build
+    from pml_hyperbolic.kernels import native as _native
 
     previous = torch.get_num_threads()
     previous_env = {k: os.environ.get(k) for k in ("PML_HYPERBOLIC_NATIVE", "PML_HYPERBOLIC_SYMMETRIC")}
@@ -280,7 +281,7 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
         native_status = _native.status()
         labels = {"native": "native" if native_status == "native" else "torch (fallback)", "torch": "torch",
                   "general": "native, general path" if native_status == "native" else "torch (fallback)"}
-        where = f" [{_native._state.get('path')}]" if native_status == "native" else ""
+        where = f" [{_build._state.get('path')}]" if native_status == "native" else ""
         print(f"kernel tail measured: {', '.join(labels[p] for p in paths)}; native tail here: {native_status}{where}")
         warm = ball_points(256, dim, 0)
         for _ in range(5):  # lazy initialisations and allocator warm-up, before the first case
@@ -358,13 +359,13 @@ def bench_radial(sizes, dim: int, repeats: int, paths=("native",)) -> list:
 def kernel_log1p_(u: torch.Tensor) -> torch.Tensor:
     """In-place log1p(u), u >= 0, the way the kernel's tail does it (``_log1p_from_log`` in row blocks
     of ``_TAIL_BLOCK_ELEMENTS``)."""
-    from pml_hyperbolic import _pairwise_dist as kernel
+    from pml_hyperbolic.kernels import gram, tail
 
-    rows = max(1, kernel._TAIL_BLOCK_ELEMENTS // max(1, u.shape[-1]))
+    rows = max(1, gram._TAIL_BLOCK_ELEMENTS // max(1, u.shape[-1]))
     for start in range(0, u.shape[0], rows):
         blk = u[start:start + rows]
         v, t = torch.empty_like(blk), torch.empty_like(blk)
-        blk.copy_(kernel._log1p_from_log(blk, v, t))
+        blk.copy_(tail._log1p_from_log(blk, v, t))
     return u
 
 
@@ -424,8 +425,9 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
     x xᵀ; the triangular product alone at the 1-thread block rule and at 160 rows; product + native
     tail per block (the kernel's order) and all products then one tail; the row terms natively and
     through ``x.double()`` + ``vecdot``."""
-    from pml_hyperbolic import _native
-    from pml_hyperbolic import _pairwise_dist as kernel
+    from pml_hyperbolic.kernels import gram
+    from pml_hyperbolic.kernels import native as _native
+    from pml_hyperbolic.kernels import tail as kernel_tail
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -435,10 +437,10 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
             return
         for n in sizes:
             x = radial_cases(n, dim)["head-like"].contiguous()
-            x2, inv_a = kernel._row_terms(x, C)
+            x2, inv_a = gram._row_terms(x, C)
             vectors = (x2.float(), ((2 * C) * inv_a).float(), inv_a.float())
-            factor = kernel._gram_error(x.dtype, dim + 2) / kernel._TARGET_REL_ERROR[x.dtype]
-            default_block = kernel._symmetric_block_rows(n, 1)
+            factor = gram._gram_error(x.dtype, dim + 2) / gram._TARGET_REL_ERROR[x.dtype]
+            default_block = kernel_tail._symmetric_block_rows(n, 1)
 
             def product(block, tail=None):
                 G = torch.empty(n, n)
@@ -453,7 +455,7 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
             def torch_row_terms():
                 xd = x.double()
                 x2 = torch.linalg.vecdot(xd, xd)
-                return x2, (1.0 - C * x2).clamp_min_(kernel.DENOM_FLOOR).reciprocal_()
+                return x2, (1.0 - C * x2).clamp_min_(gram.DENOM_FLOOR).reciprocal_()
 
             cases = {
                 "full GEMM x @ x.T": lambda: x @ x.T,
@@ -462,7 +464,7 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
                 f"product + tail per block ({default_block} rows)": lambda: product(default_block, "per block"),
                 "product + tail per block (160 rows)": lambda: product(160, "per block"),
                 f"all products ({default_block} rows), then one tail": lambda: product(default_block, "after"),
-                "row terms, native": lambda: _native.row_terms(x, C, kernel.DENOM_FLOOR),
+                "row terms, native": lambda: _native.row_terms(x, C, gram.DENOM_FLOOR),
                 "row terms, x.double() + vecdot": torch_row_terms,
             }
             times = {k: [] for k in cases}

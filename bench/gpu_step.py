@@ -631,7 +631,7 @@ def main(argv=None) -> dict:
 
 def _native_status() -> str:
     try:
-        from pml_hyperbolic import _native
+        from pml_hyperbolic.kernels import native as _native
 
         return _native.status()
     except Exception as err:  # noqa: BLE001 - never fatal: the torch path is the fallback

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from pml_hyperbolic import _native
+from pml_hyperbolic.kernels import native as _native
 from pml_hyperbolic import poincare_ball as pb
 
 C = 0.1

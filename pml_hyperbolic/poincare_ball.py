@@ -38,7 +38,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from ._pairwise_dist import DENOM_FLOOR, poincare_pairwise_dist
+from .kernels.gram import DENOM_FLOOR
+from .kernels.ops import poincare_pairwise_dist
 
 CurvatureLike = Union[float, Tensor, "torch.nn.Module"]
 
@@ -378,7 +379,7 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     detected and recomputed from explicit differences, so that the result is accurate for every
     pair and the gradient is finite (zero at ``x_i = y_j``). Backward is closed form: two matrix
     products, or one when ``x`` is ``y`` (PML's ``compute_mat(emb, emb)``); the gradient reaches a
-    learnable ``c`` too. See ``_pairwise_dist`` for the algebra.
+    learnable ``c`` too. See :mod:`pml_hyperbolic.kernels.pairwise` for the algebra.
 
     Twice differentiable: a backward run with ``create_graph=True`` (a gradient penalty) takes a
     slower composite float64 path whose graph can be differentiated again. Points on or outside

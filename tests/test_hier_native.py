@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pml_hyperbolic import _native
+from pml_hyperbolic.kernels import build, self_check
+from pml_hyperbolic.kernels import native as _native
 from pml_hyperbolic.losses import HIERLoss
 from pml_hyperbolic.losses import hier_loss as H
 
@@ -256,18 +257,14 @@ def test_out_of_range_rows_are_refused_before_any_read(dtype, bad):
     with pytest.raises(IndexError):
         _native.lca_backward(torch.zeros_like(dist), dist, i, j, k, u, torch.ones(40, dtype=dtype))
     # the C loops check too (defence in depth): -1 and nothing written
-    lib, name = _native._library(), "f32" if dtype == torch.float32 else "f64"
+    lib = build.library()
     loss = torch.full((40,), float("nan"), dtype=dtype)
     a, b = torch.full((40,), -7, dtype=torch.long), torch.full((40,), -7, dtype=torch.long)
-    work = torch.empty(2 * dist.shape[1], dtype=dtype)
-    code = getattr(lib, f"pml_lca_rows_{name}")(
-        dist.data_ptr(), dist.shape[0], dist.shape[1], i.data_ptr(), j.data_ptr(), k.data_ptr(), 40, 0, 40, 5.0, 0.1,
-        0, 0, loss.data_ptr(), a.data_ptr(), b.data_ptr(), u.data_ptr(), on.data_ptr(), work.data_ptr())
+    work = torch.empty(1, 2 * dist.shape[1], dtype=dtype)
+    code = lib._native_lca_rows_(dist, i, j, k, 5.0, 0.1, False, 0, loss, a, b, u, on, work, [0, 40])
     assert code == -1 and loss.isnan().all() and (a == -7).all() and u.isnan().all() and on.isnan().all()
     grad = torch.zeros_like(dist)
-    code = getattr(lib, f"pml_lca_backward_{name}")(
-        grad.data_ptr(), dist.data_ptr(), dist.shape[0], dist.shape[1], i.data_ptr(), j.data_ptr(), k.data_ptr(),
-        u.data_ptr(), torch.ones(40, dtype=dtype).data_ptr(), 40, 0, dist.shape[0])
+    code = lib._native_lca_backward_(grad, dist, i, j, k, u, torch.ones(40, dtype=dtype), [0, dist.shape[0]])
     assert code == -1 and (grad == 0).all()
 
 
@@ -275,5 +272,5 @@ def test_self_check_draws_are_counter_uniform_values():
     # the library's load-time check compares pml_uniform_rows_* with literals: they must be the
     # values of the formula the torch path evaluates
     for name, dtype in (("f32", torch.float32), ("f64", torch.float64)):
-        literal = [[float.fromhex(v) for v in row] for row in _native._UNIFORM_REFERENCE[name]]
+        literal = [[float.fromhex(v) for v in row] for row in self_check._UNIFORM_REFERENCE[name]]
         assert torch.equal(H.counter_uniform(987654321, np.arange(4, 7), 4, dtype), torch.tensor(literal, dtype=dtype))

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from pml_hyperbolic import _pairwise_dist as kernel
+from pml_hyperbolic.kernels import pairwise as kernel
+from pml_hyperbolic.kernels import gram, tail
 from pml_hyperbolic import poincare_ball as pb
 
 C = 0.1
@@ -42,8 +43,8 @@ def errors(d, ref):
 
 def close_pairs_of(x, y, c=C, same=False):
     with torch.no_grad():
-        W, bound = kernel._gram_W(x, y, *kernel._row_terms(x, c), *kernel._row_terms(y, c), c, x.dtype)
-        rows, _ = kernel._close_pairs(W, bound, same)
+        W, bound = kernel._gram_W(x, y, *gram._row_terms(x, c), *gram._row_terms(y, c), c, x.dtype)
+        rows, _ = gram._close_pairs(W, bound, same)
     return rows.numel()
 
 
@@ -107,7 +108,7 @@ def test_log1p_from_log_reference_values(dtype, tol):
     u = torch.cat([torch.tensor([0.0, 1e-30, 1e-12, 2.0 ** -24, 1e-7, 0.5, 1.0, 3.0, 1e6]),
                    torch.logspace(-12, 4, 2001, dtype=torch.float64).float()]).to(dtype)
     v, t = torch.empty_like(u), torch.empty_like(u)
-    got = kernel._log1p_from_log(u.clone(), v, t)
+    got = tail._log1p_from_log(u.clone(), v, t)
     ref = u.double().log1p()
     assert got[0] == 0
     assert float(((got.double() - ref).abs() / ref.clamp_min(1e-300))[1:].max()) <= tol
@@ -173,15 +174,15 @@ def test_second_backward_with_retain_graph_matches_the_first():
 def test_symmetrize_in_place_equals_e_plus_e_transpose(n, tile):
     E = torch.randn(n, n, generator=torch.Generator().manual_seed(n))
     expected = E + E.T
-    out = kernel._symmetrize_(E, tile)
+    out = tail._symmetrize_(E, tile)
     assert out is E
     torch.testing.assert_close(E, expected, rtol=0, atol=0)
 
 
 def test_band_ratio():
-    assert kernel._band_ratio_sq(1.0) == math.inf
+    assert gram._band_ratio_sq(1.0) == math.inf
     f = 0.07
-    r = math.sqrt(kernel._band_ratio_sq(f))
+    r = math.sqrt(gram._band_ratio_sq(f))
     assert abs((1 - r) ** 2 - f * (1 + r * r)) < 1e-12 and r > 1
 
 
@@ -225,7 +226,7 @@ def test_forward_without_grad_matches_forward_with_grad():
 def test_curvature_gradient_does_not_depend_on_the_thread_count(monkeypatch):
     # The kernel picks its threads by machine load (_kernel_threads); the learnable curvature's
     # gradient must still be the same in every run of one seed, and accurate against float64.
-    import pml_hyperbolic._pairwise_dist as kernel
+    import pml_hyperbolic.kernels.pairwise as kernel
 
     x0 = pb.expmap0(0.3 * torch.randn(700, 32, generator=torch.Generator().manual_seed(3)), 0.1)
     w = torch.rand(700, 700, generator=torch.Generator().manual_seed(4))

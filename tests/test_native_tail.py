@@ -1,20 +1,24 @@
-"""The pairwise kernel's fused native tail (pml_hyperbolic/_native.py, _native_tail.c): agreement
+"""The pairwise kernel's fused native tail (pml_hyperbolic/kernels/native.py, kernels/csrc/kernels.c): agreement
 with the torch path (forward, backward, float32 and float64), its log1p against reference values,
-and the fallback to the torch path whenever it cannot run (disabled, no compiler, unwritable cache,
-odd dtype, device or layout), and a damaged or altered cached library never being trusted."""
+and the fallback to the torch path whenever it cannot run (disabled, no compiler, a failed build,
+odd dtype, device or layout), and a build that fails its self-check never being used."""
+import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from pml_hyperbolic import _native
-from pml_hyperbolic import _pairwise_dist as kernel
+from pml_hyperbolic import kernels
+from pml_hyperbolic.kernels import build
+from pml_hyperbolic.kernels import native as _native
+from pml_hyperbolic.kernels.self_check import self_check
+from pml_hyperbolic.kernels import tail
 from pml_hyperbolic import poincare_ball as pb
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout these tests belong to
 C = 0.1
 TOL = {torch.float32: 1e-6, torch.float64: 1e-14}
 
@@ -64,7 +68,7 @@ def tail_inputs(dtype):
 def torch_tail(P, q, keep_S, monkeypatch):
     monkeypatch.setenv("PML_HYPERBOLIC_NATIVE", "0")
     out = P.clone()
-    S = kernel._distance_tail(out, C, q, out.amin(1), keep_S)
+    S = tail._distance_tail(out, C, q, out.amin(1), keep_S)
     S = S.clone() if S is not None else None
     monkeypatch.setenv("PML_HYPERBOLIC_NATIVE", "1")
     return out, S
@@ -111,15 +115,14 @@ def test_tail_gives_nan_for_nan_like_the_torch_path(monkeypatch):
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_native_log1p_reference_values(dtype):
-    lib = _native._library()
-    fn = lib.pml_log1p_f32 if dtype == torch.float32 else lib.pml_log1p_f64
+    lib = build.library()
     tiny = torch.finfo(dtype).tiny
     u = torch.cat([torch.tensor([0.0, tiny, 1e-30, 2.0 ** -24, 2.0 ** -53, 1e-7, 0.41421356, 0.5, 1.0, 3.0, 1e6],
                                 dtype=torch.float64),
                    torch.logspace(-37, 38, 20001, dtype=torch.float64),
                    torch.linspace(0, 3, 20001, dtype=torch.float64)]).to(dtype)
     out = torch.empty_like(u)
-    fn(u.data_ptr(), out.data_ptr(), u.numel())
+    lib._native_log1p(u, out)
     assert out[0] == 0 and out[1] == tiny  # log1p(u) = u below eps, exactly
     # math.log1p (correctly rounded libm) as the reference; 1 eps = 2 ulp of the result at worst
     ref = torch.tensor([math.log1p(v) for v in u.double().tolist()], dtype=torch.float64)
@@ -216,11 +219,16 @@ def test_disabled_by_environment_variable(monkeypatch):
     assert float(((d.double() - reference(x, x)).abs() / reference(x, x).clamp_min(1e-2)).max()) <= 2e-6
 
 
-def test_missing_compiler_falls_back_to_torch(fresh_native, tmp_path):
-    fresh_native.setenv("PML_HYPERBOLIC_CC", str(tmp_path / "no-such-compiler"))
-    fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(tmp_path / "cache"))
-    status = _native.status()
+def test_failed_build_falls_back_to_torch(fresh_native, caplog):
+    def no_compiler(folder):
+        raise RuntimeError("no C++ compiler found")
+
+    fresh_native.setattr(build, "_compile_and_load", no_compiler)
+    with caplog.at_level(logging.INFO, logger="pml_hyperbolic.kernels"):
+        status = _native.status()
     assert status.startswith("torch (native unavailable") and "compiler" in status
+    assert kernels.status()["pairwise"] == "torch" and "compiler" in kernels.status()["reason"]
+    assert [r for r in caplog.records if "native unavailable" in r.getMessage()]  # one INFO line says so
     P, q = tail_inputs(torch.float32)
     assert _native.distance_tail(P.clone(), None, q, 3.0) is False
     x = radial_points(60, 16, 0.0, 2.5, 0).requires_grad_(True)
@@ -229,192 +237,61 @@ def test_missing_compiler_falls_back_to_torch(fresh_native, tmp_path):
     assert torch.isfinite(x.grad).all()
     ref = reference(x.detach(), x.detach())
     assert float(((d.detach().double() - ref).abs() / ref.clamp_min(1e-2)).max()) <= 2e-6
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
-
-
-def test_unwritable_cache_falls_back_to_torch(fresh_native, tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")  # (root ignores permissions: a file in the path blocks for everyone)
-    fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(blocker / "cache"))
-    assert _native.status().startswith("torch (native unavailable")
-    x = radial_points(40, 8, 0.0, 2.5, 0)
-    assert torch.isfinite(pb.pairwise_dist(x, x, C)).all()
-
-
-def test_failed_compilation_falls_back_to_torch(fresh_native, tmp_path):
-    fake = tmp_path / "fakecc"
-    fake.write_text("#!/bin/sh\necho 'fake compiler: error' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    fresh_native.setenv("PML_HYPERBOLIC_CC", str(fake))
-    fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(tmp_path / "cache"))
-    status = _native.status()
-    assert status.startswith("torch (native unavailable") and "fake compiler: error" in status
-    assert not any((tmp_path / "cache").glob("*.so"))  # no half-written library left behind
 
 
 @needs_native
-def test_build_into_a_fresh_cache_is_atomic_and_reused(fresh_native, tmp_path):
-    fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(tmp_path))
-    assert _native.status() == "native"
-    built = sorted(p.name for p in tmp_path.iterdir())
-    assert len(built) == 2 and built[1].startswith("native_tail-") and built[1].endswith(".so")
-    assert built[0] == built[1][:-3] + ".sha256"  # the library and its digest, nothing else
-    mtime = (tmp_path / built[1]).stat().st_mtime_ns
+def test_torch_path_equals_native_path(fresh_native):
+    x = radial_points(70, 16, 0.0, 2.5, 1, torch.float64)
+    native = pb.pairwise_dist(x, x, C)
+    fresh_native.setattr(build, "_compile_and_load", lambda folder: (_ for _ in ()).throw(RuntimeError("no compiler")))
     _native.reset()
-    assert _native.status() == "native"
-    assert (tmp_path / built[1]).stat().st_mtime_ns == mtime  # loaded from the cache, not rebuilt
+    assert kernels.status()["pairwise"] == "torch"
+    torch.testing.assert_close(pb.pairwise_dist(x, x, C), native, rtol=1e-12, atol=0)
 
 
 @needs_native
-def test_damaged_cached_library_is_rebuilt(fresh_native, tmp_path):
+def test_a_build_failing_its_self_check_is_discarded(fresh_native, tmp_path):
     fresh_native.setenv("PML_HYPERBOLIC_CACHE", str(tmp_path))
-    key = _native._cache_key(_native.SOURCE.read_bytes(), _native._compiler())
-    damaged = tmp_path / f"native_tail-{key}.so"
-    damaged.write_bytes(b"not a shared object")
-    assert _native.status() == "native"
-    assert damaged.stat().st_size > 1000  # replaced by a real build
+    folder = build.build_dir()
+    folder.mkdir(parents=True)
+    (folder / "pml_hyperbolic_kernels.so").write_bytes(b"a build that computes wrong numbers")
+    fresh_native.setattr(build, "_compile_and_load", lambda folder: None)  # (the operators are registered already)
+    tampered = _Tampered(torch.ops.pml_hyperbolic, "_native_tail_", lambda *args: None)
+    fresh_native.setattr(build, "_operators", lambda: tampered)
+    with pytest.warns(RuntimeWarning, match="failed their self-check"):
+        status = _native.status()
+    assert status.startswith("torch (native unavailable") and "self-check failed" in status
+    assert not folder.exists()  # never reused: the next process builds anew
 
 
 @needs_native
-def test_concurrent_processes_build_the_same_cache(tmp_path):
-    env = dict(os.environ, PML_HYPERBOLIC_CACHE=str(tmp_path))
-    code = "from pml_hyperbolic import _native; print(_native.status())"
+def test_missing_compiler_in_a_fresh_process_falls_back_to_torch(tmp_path):
+    env = dict(os.environ, PML_HYPERBOLIC_CACHE=str(tmp_path), PML_HYPERBOLIC_CC=str(tmp_path / "no-such-compiler"),
+               PYTHONPATH=ROOT)
+    code = ("from pml_hyperbolic import kernels, poincare_ball as pb; import torch; "
+            "x = torch.rand(30, 4) * 0.2; assert torch.isfinite(pb.pairwise_dist(x, x, 0.1)).all(); "
+            "print(kernels.status()['pairwise'])")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "torch"
+
+
+@pytest.mark.slow
+@needs_native
+def test_concurrent_processes_build_one_cache_and_reuse_it(tmp_path):
+    env = dict(os.environ, PML_HYPERBOLIC_CACHE=str(tmp_path), PYTHONPATH=ROOT)
+    code = "from pml_hyperbolic.kernels import native; print(native.status())"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
-    outputs = [p.communicate(timeout=300)[0].strip() for p in procs]
-    assert outputs == ["native"] * 3
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 2 and names[1].endswith(".so") and names[0] == names[1][:-3] + ".sha256", names
-
-
-# ---- the cached library is verified before it is trusted -------------------------------------------
-
-_CHECK_IN_SUBPROCESS = r"""
-import math, sys, warnings
-import torch
-warnings.simplefilter("always")
-from pml_hyperbolic import _native, poincare_ball as pb
-g = torch.Generator().manual_seed(0)
-x = torch.randn(70, 9, generator=g, dtype=torch.float64)
-x = x / x.norm(dim=1, keepdim=True) * torch.rand(70, 1, generator=g, dtype=torch.float64) * 2.5
-for dtype in (torch.float32, torch.float64):
-    xs = x.to(dtype)
-    for y in (xs, xs[:33].clone()):  # the symmetric path and the general one
-        d = pb.pairwise_dist(xs, y, 0.1).double()
-        a, b = 1 - 0.1 * (xs.double() ** 2).sum(1), 1 - 0.1 * (y.double() ** 2).sum(1)
-        s = ((xs.double()[:, None] - y.double()[None]) ** 2).sum(-1)
-        ref = 2 / math.sqrt(0.1) * torch.asinh(torch.sqrt(0.1 * s / (a[:, None] * b[None])))
-        err = float(((d - ref).abs() / ref.clamp_min(1e-2)).max())
-        assert err < 1e-5, (dtype, err)
-print(_native.status())
-"""
-
-
-@pytest.fixture(scope="module")
-def copying_compiler(tmp_path_factory):
-    """One real build of the library, and a stand-in compiler that "builds" by copying it (so that a
-    rebuild takes milliseconds) and logs each call: ``(compiler, its log)``."""
-    compiler = _native._compiler()
-    if compiler is None:
-        pytest.skip("no C compiler here")
-    folder = tmp_path_factory.mktemp("copying_compiler")
-    good = folder / "good.so"
-    subprocess.run([*compiler, *_native._FLAGS, "-o", str(good), str(_native.SOURCE), "-lm"], check=True,
-                   capture_output=True, timeout=300)
-    log = folder / "calls.log"
-    script = folder / "copycc"
-    script.write_text('#!/bin/sh\necho call >> "%s"\nout=""\nwhile [ $# -gt 0 ]; do\n'
-                      '  if [ "$1" = "-o" ]; then out="$2"; fi; shift\ndone\n'
-                      'if [ -n "$COPYCC_GARBAGE" ]; then echo garbage > "$out"; else cp "%s" "$out"; fi\n'
-                      % (log, good))
-    script.chmod(0o755)
-    return script, log
-
-
-def _run_check(cache, compiler, **extra_env):
-    env = dict(os.environ, PML_HYPERBOLIC_CACHE=str(cache), PML_HYPERBOLIC_CC=str(compiler),
-               PML_HYPERBOLIC_NATIVE="1", **extra_env)
-    return subprocess.run([sys.executable, "-c", _CHECK_IN_SUBPROCESS], env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
-@pytest.fixture(scope="module")
-def built_cache(copying_compiler, tmp_path_factory):
-    """A cache folder holding one verified build (made by a first process)."""
-    compiler, _ = copying_compiler
-    folder = tmp_path_factory.mktemp("built_cache")
-    done = _run_check(folder, compiler)
-    assert done.returncode == 0 and done.stdout.strip() == "native", done.stderr
-    return folder
-
-
-def _calls(log) -> int:
-    return len(log.read_text().splitlines()) if log.exists() else 0
-
-
-def _damage_truncate(so, digest):
-    so.write_bytes(so.read_bytes()[:4096])
-
-
-def _damage_flip_bytes(so, digest):
-    data = bytearray(so.read_bytes())
-    for offset in (len(data) // 3, len(data) // 2, len(data) - 100):
-        data[offset] ^= 0x10
-    so.write_bytes(bytes(data))
-
-
-def _damage_empty(so, digest):
-    so.write_bytes(b"")
-
-
-def _damage_digest(so, digest):
-    line = digest.read_text()
-    digest.write_text(("0" if line[0] != "0" else "1") + line[1:])
-
-
-def _damage_digest_missing(so, digest):
-    digest.unlink()
-
-
-def _damage_digest_of_another_build(so, digest):
-    sha, key = digest.read_text().split()
-    digest.write_text(f"{sha} {'0' * len(key)}\n")  # a true digest, bound to another key
-
-
-@pytest.mark.parametrize("damage", [_damage_truncate, _damage_flip_bytes, _damage_empty, _damage_digest,
-                                    _damage_digest_missing, _damage_digest_of_another_build],
-                         ids=lambda f: f.__name__[len("_damage_"):])
-def test_damaged_cache_is_discarded_and_rebuilt_in_a_new_process(copying_compiler, built_cache, tmp_path, damage):
-    compiler, log = copying_compiler
-    shutil.copytree(built_cache, tmp_path, dirs_exist_ok=True)
-    (so,) = tmp_path.glob("native_tail-*.so")
-    digest = so.with_suffix(".sha256")
-    good = so.read_bytes()
-    before = _calls(log)
-    damage(so, digest)
-    second = _run_check(tmp_path, compiler)  # a crash would show as a signal exit status here
-    assert second.returncode == 0, (second.returncode, second.stderr[-2000:])
-    assert second.stdout.strip() == "native"  # rebuilt, verified and self-checked
-    assert _calls(log) > before
-    assert _calls(log) == before + 1  # one rebuild
-    assert so.read_bytes() == good and digest.read_text() == (built_cache / digest.name).read_text()
-
-
-def test_damaged_cache_whose_rebuild_fails_falls_back_with_a_warning(copying_compiler, built_cache, tmp_path):
-    compiler, _ = copying_compiler
-    shutil.copytree(built_cache, tmp_path, dirs_exist_ok=True)
-    (so,) = tmp_path.glob("native_tail-*.so")
-    so.write_bytes(so.read_bytes()[:4096])
-    done = _run_check(tmp_path, compiler, COPYCC_GARBAGE="1")  # the rebuild "succeeds" with garbage
-    assert done.returncode == 0, done.stderr[-2000:]  # right numbers on the torch path, no crash
-    assert done.stdout.strip().startswith("torch (native unavailable")
-    warning_lines = [line for line in done.stderr.splitlines() if "discarded a damaged native library" in line]
-    assert len(warning_lines) == 1
-    assert not list(tmp_path.glob("native_tail-*"))  # nothing untrusted left in the cache
+             for _ in range(2)]
+    assert [p.communicate(timeout=900)[0].strip() for p in procs] == ["native"] * 2
+    (so,) = tmp_path.glob("torch-*/*/pml_hyperbolic_kernels.so")
+    mtime = so.stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert again.stdout.strip() == "native" and so.stat().st_mtime_ns == mtime  # reused, not rebuilt
 
 
 class _Tampered:
-    """A loaded library with one kernel replaced."""
+    """The loaded operators with one replaced."""
 
     def __init__(self, lib, name, fn):
         self._lib, self._name, self._fn = lib, name, fn
@@ -423,35 +300,38 @@ class _Tampered:
         return self._fn if attr == self._name else getattr(self._lib, attr)
 
 
-_KERNELS = [f"pml_{kernel}_{dtype}" for kernel in ("tail", "log1p", "row_terms", "sym_tail", "sym_grad",
-                                                    "uniform_rows", "lca_rows", "lca_backward")
-            for dtype in ("f32", "f64")]
+_KERNELS = ["_native_tail_", "_native_log1p", "_native_row_terms", "_native_sym_tail_", "_native_sym_grad_",
+            "_native_uniform_rows_", "_native_lca_rows_", "_native_lca_backward_"]
 
 
 @needs_native
 @pytest.mark.parametrize("kernel", _KERNELS)
 def test_self_check_covers_every_kernel(kernel):
-    lib = _native._library()
-    _native._self_check(lib)  # the real library passes
-    with pytest.raises(RuntimeError, match=kernel):
-        _native._self_check(_Tampered(lib, kernel, lambda *args: 0))  # a kernel that writes nothing
+    lib = build.library()
+    self_check(lib)  # the real operators pass
+    real = getattr(lib, kernel)
+    if kernel == "_native_row_terms":
+        def wrong(*args):  # right shapes, wrong numbers
+            x2, inv_a, vectors, nonzero, extreme = real(*args)
+            return x2 * 1.5, inv_a, vectors, nonzero, extreme
+    else:
+        def wrong(*args):  # a kernel that writes nothing
+            return 0
+    with pytest.raises(RuntimeError, match="self-check failed"):
+        self_check(_Tampered(lib, kernel, wrong))
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_self_check_catches_a_symmetric_tail_a_thousandth_off(dtype):
-    import ctypes
+    lib = build.library()
+    real = lib._native_sym_tail_
 
-    import numpy as np
+    def off_by_a_thousandth(G, *args):
+        count = real(G, *args)
+        if G.dtype == dtype:
+            G.mul_(1.001)
+        return count
 
-    lib = _native._library()
-    real = getattr(lib, f"pml_sym_tail_{dtype}")
-    scalar = ctypes.c_float if dtype == "f32" else ctypes.c_double
-
-    def off_by_a_thousandth(*args):
-        real(*args)
-        n = args[5]
-        np.ctypeslib.as_array((scalar * (n * n)).from_address(args[0]))[:] *= 1.001
-
-    with pytest.raises(RuntimeError, match=f"pml_sym_tail_{dtype}"):
-        _native._self_check(_Tampered(lib, f"pml_sym_tail_{dtype}", off_by_a_thousandth))
+    with pytest.raises(RuntimeError, match="sym_tail"):
+        self_check(_Tampered(lib, "_native_sym_tail_", off_by_a_thousandth))

@@ -4,7 +4,7 @@ import threading
 import pytest
 import torch
 
-from pml_hyperbolic._spare_buffers import SpareBuffers
+from pml_hyperbolic.kernels.spare_buffers import SpareBuffers
 
 
 def test_a_given_buffer_is_taken_again_for_the_same_shape_and_dtype():

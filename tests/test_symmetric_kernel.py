@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from pml_hyperbolic import _native
-from pml_hyperbolic import _pairwise_dist as kernel
+from pml_hyperbolic.kernels import native as _native
+from pml_hyperbolic.kernels import pairwise as kernel
+from pml_hyperbolic.kernels import gram, tail
 from pml_hyperbolic import poincare_ball as pb
 
 pytestmark = pytest.mark.skipif(_native.status() != "native", reason="native library unavailable here")
@@ -99,7 +100,7 @@ def test_collapsed_batch_falls_back(monkeypatch):
     x = radial_points(1, 16, 1.0, 2.0, 0).double()
     g = torch.Generator().manual_seed(1)
     x = (x + 3e-3 * torch.randn(64, 16, generator=g, dtype=torch.float64)).float()
-    assert kernel._symmetric_forward(x, *kernel._row_terms(x, 1.0), 1.0, True) is None
+    assert kernel._symmetric_forward(x, *gram._row_terms(x, 1.0), 1.0, True) is None
     pb.pairwise_dist(x, x, 1.0)
     assert dtypes == [torch.float32, torch.float64]
 
@@ -108,11 +109,11 @@ def test_thread_count_does_not_change_results(monkeypatch):
     """Each pair is evaluated by the same code whatever the band split: bit-identical."""
     x = radial_points(700, 32, 0.1, 2.5, 3)
     c = torch.tensor(0.1)
-    x2, inv_a = kernel._row_terms(x, 0.1)
+    x2, inv_a = gram._row_terms(x, 0.1)
     outs = []
     for threads in (1, 2, 3):
         G = torch.empty(700, 700)
-        block = kernel._symmetric_block_rows(700, 1)
+        block = tail._symmetric_block_rows(700, 1)
         for start in range(0, 700, block):
             torch.mm(x[start:start + block], x[start:].T, out=G[start:start + block, start:])
         S = torch.empty_like(G)
@@ -181,15 +182,15 @@ def test_native_row_terms_match_torch(dtype):
     x[3] = float("nan")
     x[4] = 2.0 / math.sqrt(c * 37)  # outside the ball
     x[5] = 0
-    x2, inv_a = _native.row_terms(x, c, kernel.DENOM_FLOOR)
+    x2, inv_a = _native.row_terms(x, c, gram.DENOM_FLOOR)
     xd = x.double()
     x2_ref = torch.linalg.vecdot(xd, xd)
     # (from the native x2: near the boundary 1/a amplifies x2's last-bit differences of summation order)
-    inv_ref = (1.0 - c * x2).clamp_min(kernel.DENOM_FLOOR).reciprocal()
+    inv_ref = (1.0 - c * x2).clamp_min(gram.DENOM_FLOOR).reciprocal()
     torch.testing.assert_close(x2, x2_ref, rtol=1e-15, atol=0, equal_nan=True)
     torch.testing.assert_close(inv_a, inv_ref, rtol=1e-15, atol=0, equal_nan=True)
     assert torch.isnan(inv_a[3]) and inv_a[4] == 2.0 ** 60 and x2[5] == 0 and inv_a[5] == 1
-    assert _native.row_terms(x.T, c, kernel.DENOM_FLOOR) is None  # not contiguous: the torch path
+    assert _native.row_terms(x.T, c, gram.DENOM_FLOOR) is None  # not contiguous: the torch path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -197,10 +198,10 @@ def test_native_row_terms_extras_match_the_torch_ops(dtype):
     """With ``extreme=``: the tail's row vectors equal the torch expressions they replace, bit for
     bit, and the two flags equal ``(x2 != 0).any()`` and ``_extreme_points(...) is not None``."""
     c = 0.7
-    bound = (1.0 / kernel._EXTREME_A[dtype], kernel._TINY_SQ_NORM[dtype])
+    bound = (1.0 / gram._EXTREME_A[dtype], gram._TINY_SQ_NORM[dtype])
     x = radial_points(40, 19, c, 5.0, 1, dtype)
-    x2, inv_a, vectors, any_nonzero, any_extreme = _native.row_terms(x, c, kernel.DENOM_FLOOR, extreme=bound)
-    assert torch.equal(torch.stack([x2, inv_a]), torch.stack(_native.row_terms(x, c, kernel.DENOM_FLOOR)))
+    x2, inv_a, vectors, any_nonzero, any_extreme = _native.row_terms(x, c, gram.DENOM_FLOOR, extreme=bound)
+    assert torch.equal(torch.stack([x2, inv_a]), torch.stack(_native.row_terms(x, c, gram.DENOM_FLOOR)))
     expected = (x2.to(dtype), ((2.0 * c) * inv_a).to(dtype), inv_a.to(dtype))
     assert all(v.dtype == dtype and torch.equal(v, e) for v, e in zip(vectors, expected))
     assert any_nonzero and not any_extreme
@@ -213,9 +214,9 @@ def test_native_row_terms_extras_match_the_torch_ops(dtype):
     for name, (edit, nonzero, extreme) in cases.items():
         y = x.clone()
         edit(y)
-        y2, inv_b, _, any_nonzero, any_extreme = _native.row_terms(y, c, kernel.DENOM_FLOOR, extreme=bound)
+        y2, inv_b, _, any_nonzero, any_extreme = _native.row_terms(y, c, gram.DENOM_FLOOR, extreme=bound)
         assert any_nonzero == bool((y2 != 0).any()) == nonzero, name
-        assert any_extreme == (kernel._extreme_points(y2, inv_b, dtype) is not None) == extreme, name
+        assert any_extreme == (gram._extreme_points(y2, inv_b, dtype) is not None) == extreme, name
 
 
 @pytest.mark.parametrize("flag", ["1", "0"])
@@ -235,7 +236,7 @@ def test_same_data_distinct_tensors(monkeypatch, flag):
 
 def test_mirror_upper():
     M = torch.arange(16.0).view(4, 4)
-    out = kernel._mirror_upper_(M.clone())
+    out = tail._mirror_upper_(M.clone())
     assert torch.equal(out, torch.triu(M) + torch.triu(M, 1).T)
 
 
@@ -244,7 +245,7 @@ def test_tail_by_row_blocks_equals_one_call(threads):
     """The tail run per Gram block (``rows=``) gives the matrix of one call, bit for bit."""
     n = 300
     x = radial_points(n, 16, 0.1, 2.5, 8)
-    x2, inv_a = kernel._row_terms(x, 0.1)
+    x2, inv_a = gram._row_terms(x, 0.1)
     vectors = (x2.float(), (0.2 * inv_a).float(), inv_a.float())
     G = x @ x.T
     whole, blocks = G.clone(), G.clone()
@@ -265,7 +266,7 @@ def test_mirror_fills_every_lower_entry(n, splits, dtype):
     at the edges) writes every entry below the diagonal exactly once from its transpose, for sizes
     and row ranges around the 16-row slices and 128-row groups; the lower triangle starts as NaN."""
     x = radial_points(n, 8, 0.1, 2.5, 4).to(dtype)
-    x2, inv_a = kernel._row_terms(x, 0.1)
+    x2, inv_a = gram._row_terms(x, 0.1)
     vectors = (x2.to(dtype), (0.2 * inv_a).to(dtype), inv_a.to(dtype))
     G = torch.triu(x @ x.T) + torch.full((n, n), float("nan"), dtype=dtype).tril(-1)
     bounds = (0, *splits, n)

@@ -1,12 +1,12 @@
-"""pml_hyperbolic.threads: scoped thread counts, the load-aware count for loops, the default."""
+"""pml_hyperbolic.kernels.threads: scoped thread counts, the load-aware count for loops, the default."""
 import collections
 
 import faiss
 import pytest
 import torch
 
-from pml_hyperbolic import threads as T
-from pml_hyperbolic.threads import default_threads, limited_threads, runnable_elsewhere, uncontended_threads
+from pml_hyperbolic.kernels import threads as T
+from pml_hyperbolic.kernels.threads import default_threads, limited_threads, runnable_elsewhere, uncontended_threads
 
 
 @pytest.fixture

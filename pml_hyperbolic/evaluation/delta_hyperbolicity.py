@@ -20,7 +20,7 @@ only tiles with ``j ≥ i`` are formed.
 
 Threads. The tile loop is thousands of small torch ops, each ending in an OpenMP barrier, which
 extra threads make slow on a busy machine. It runs with
-:func:`~pml_hyperbolic.threads.uncontended_threads` (the caller's count on an idle machine, 1
+:func:`~pml_hyperbolic.kernels.threads.uncontended_threads` (the caller's count on an idle machine, 1
 when other processes hold the cores), and always with 1 thread for small sets, where the work
 cannot repay a thread start. Tiles are 16 × 16 (cache-sized, and a fine pruning grain). The result
 does not depend on tiles or threads: every step is an exact min/max.
@@ -39,7 +39,7 @@ from torch import Tensor
 
 from .. import poincare_ball as pb
 from .._checks import check_bool, check_int, check_positive
-from ..threads import limited_threads, uncontended_threads
+from ..kernels.threads import limited_threads, uncontended_threads
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 16

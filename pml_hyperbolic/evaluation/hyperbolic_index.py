@@ -76,7 +76,7 @@ import torch
 from torch import Tensor
 
 from .. import poincare_ball as pb
-from ..threads import uncontended_threads
+from ..kernels.threads import uncontended_threads
 
 try:  # faiss-cpu or faiss-gpu
     import faiss
@@ -183,7 +183,7 @@ class HyperbolicIndex:
         post_threads: torch intra-op threads for the work around the faiss calls (lift, exact
             distances, sorting): ``"auto"`` (default) = torch's count on an idle machine, fewer,
             down to 1, when other processes hold the cores
-            (:func:`~pml_hyperbolic.threads.uncontended_threads`, read at each call); an int = that
+            (:func:`~pml_hyperbolic.kernels.threads.uncontended_threads`, read at each call); an int = that
             many; ``None`` keeps torch's setting. Why: that work is small memory-bound passes, where
             threads whose cores are taken by other processes wait at barriers (timings: the design
             note). The results do not depend on it. faiss itself runs with the thread count that

@@ -11,11 +11,11 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .. import _native
+from ..kernels import native as _native
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
-from .._spare_buffers import SpareBuffers
+from ..kernels.spare_buffers import SpareBuffers
 from ._common import check_labels, check_nonnegative, check_positive, index_tensors, require_ref_labels
 
 _POSITIVES = ("labels", "labels+mutual_nn")
@@ -127,7 +127,7 @@ def counter_uniform(key: int, streams: np.ndarray, p: int, dtype: torch.dtype) -
 
     U = (x ≫ 8)·2⁻²⁴ in float32, (x·2²¹ + (mix32(x + γ_lo) ≫ 11))·2⁻⁵³ in float64 (γ the golden
     gamma 0x9E3779B97F4A7C15, arithmetic mod 2³² / 2⁶⁴). The formula of ``pml_uniform_*`` in
-    ``_native_tail.c``, which generates the same values inside HIER's native LCA loop; this numpy
+    ``kernels/csrc/kernels.c``, which generates the same values inside HIER's native LCA loop; this numpy
     form serves the torch path (no native library, or ``PML_HYPERBOLIC_NATIVE=0``)."""
     s = np.asarray(streams, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -246,10 +246,10 @@ class _LCATripletLoss(torch.autograd.Function):
     intermediates and ran a backward kernel for each (gathers, maxima, both softmaxes, the
     zero-valued product, bool-mask routing), many times the cost of this form.
 
-    On CPU the rows run in the native library (:func:`pml_hyperbolic._native.lca_rows`: one pass
+    On CPU the rows run in the native library (:func:`pml_hyperbolic.kernels.native.lca_rows`: one pass
     per row for the maxima, one per choice, one writing u¹ and u²; the same draws, the same choices,
     gradients equal to rounding), and the backward routes u¹, u² through the maxima while it scatters
-    them (:func:`pml_hyperbolic._native.lca_backward`): two (T, P) slabs written and read instead of
+    them (:func:`pml_hyperbolic.kernels.native.lca_backward`): two (T, P) slabs written and read instead of
     three. Elsewhere, or with ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below. Costs:
     docs/design/hier-loss.md.
     """

@@ -10,7 +10,7 @@ import torch
 from .. import poincare_ball as pb
 from ..geometry import DEFAULT_CURVATURE, as_geometry
 from ..manifold_tensors import unwrap_ball_tensor
-from ..threads import limited_threads, uncontended_threads
+from ..kernels.threads import limited_threads, uncontended_threads
 from .hierarchy import cut_merges, linkage_to_merges, weighted_average_linkage
 
 PAPER_LEVELS = (100, 70, 40, 10)
@@ -106,7 +106,7 @@ class HierarchicalPseudoLabeler:
     inter-cluster averages are sample means. Nothing of size N × N is built: memory is
     O(N·D + n_fine² + (n_fine·samples_per_cluster)·chunk).
 
-    Threads: the work runs with :func:`~pml_hyperbolic.threads.uncontended_threads` torch/faiss
+    Threads: the work runs with :func:`~pml_hyperbolic.kernels.threads.uncontended_threads` torch/faiss
     threads (the caller's count on an idle machine, 1 when other processes hold the cores, where
     more threads only wait at barriers), single-threaded up to 1,024
     points; the caller's thread count is restored afterwards.

@@ -525,7 +525,7 @@ class Recipe(RecipeCommandLineBase):
         the OS has descheduled."""
         requested = getattr(self.args, "threads", "auto")
         if requested == "auto":
-            from ..threads import run_threads
+            from ..kernels.threads import run_threads
 
             wanted = run_threads()
         else:

@@ -1,0 +1,35 @@
+"""The package's speed code: the pairwise Poincaré distance kernel, its native (C) parts, the
+thread-count policy and CPU buffer reuse, kept apart from the maths they accelerate.
+
+Modules: :mod:`~pml_hyperbolic.kernels.pairwise` (the all-pairs distance and its closed-form
+backward), :mod:`~pml_hyperbolic.kernels.gram` (the Gram product and its accuracy guards),
+:mod:`~pml_hyperbolic.kernels.tail` (the elementwise tail and the symmetric forward),
+:mod:`~pml_hyperbolic.kernels.ops` (the kernels as ``torch.library`` custom ops),
+:mod:`~pml_hyperbolic.kernels.native` (the native code's entry points),
+:mod:`~pml_hyperbolic.kernels.build` (its build with ``torch.utils.cpp_extension``),
+:mod:`~pml_hyperbolic.kernels.self_check`,
+:mod:`~pml_hyperbolic.kernels.threads` (thread counts), :mod:`~pml_hyperbolic.kernels.spare_buffers`.
+Everything here is private to the package except :func:`status`; the public entry point of the
+distance is :func:`pml_hyperbolic.poincare_ball.pairwise_dist`.
+
+Design note: docs/design/kernels.md
+"""
+from __future__ import annotations
+
+from . import build
+
+__all__ = ["status"]
+
+
+def status() -> dict:
+    """Which implementation the kernels run in this process, and why.
+
+    Returns:
+        ``{"pairwise": "native" | "torch", "reason": str}``: ``"native"`` when the compiled kernels
+        loaded and passed their self-check, else ``"torch"`` (the reference torch path) with the
+        reason (disabled by ``PML_HYPERBOLIC_NATIVE=0``, no compiler, a failed build or self-check).
+    """
+    text = build.status()
+    if text == "native":
+        return {"pairwise": "native", "reason": "compiled kernels loaded and self-checked"}
+    return {"pairwise": "torch", "reason": text}
