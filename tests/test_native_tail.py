@@ -335,3 +335,36 @@ def test_self_check_catches_a_symmetric_tail_a_thousandth_off(dtype):
 
     with pytest.raises(RuntimeError, match="sym_tail"):
         self_check(_Tampered(lib, "_native_sym_tail_", off_by_a_thousandth))
+
+
+def _fake_build(folder, payload=b"\x7fELF not a library", digest=None):
+    folder.mkdir(parents=True)
+    (folder / "pml_hyperbolic_kernels.so").write_bytes(payload)
+    if digest is not None:
+        (folder / "pml_hyperbolic_kernels.so.sha256").write_text(digest)
+    return folder
+
+
+def test_a_cached_build_without_its_digest_is_deleted_unloaded(tmp_path):
+    folder = _fake_build(tmp_path / "build")
+    assert build._load_verified_copy(folder) is False
+    assert not folder.exists()
+
+
+def test_a_cached_build_whose_bytes_changed_is_deleted_unloaded(tmp_path):
+    payload = b"\x7fELF the bytes that were built"
+    folder = _fake_build(tmp_path / "build", payload[:-5], digest=build._digest_line(payload))  # truncated
+    assert build._load_verified_copy(folder) is False
+    assert not folder.exists()
+
+
+def test_no_cached_build_means_nothing_loaded(tmp_path):
+    assert build._load_verified_copy(tmp_path / "missing") is False
+
+
+@needs_native
+def test_the_loaded_build_has_a_matching_digest():
+    _native.status()
+    folder = build.build_dir()
+    data = build._library_file(folder).read_bytes()
+    assert build._digest_file(folder).read_text() == build._digest_line(data)

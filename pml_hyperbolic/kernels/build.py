@@ -17,7 +17,9 @@ stay IEEE (no ``-ffast-math``, no ``-march=native``: the build may run on anothe
 that built it; GCC on x86-64 adds AVX2/AVX-512 clones picked at load time). On x86-64 a build
 without the clones (another compiler) is slower than torch's own ops: the torch path is kept.
 
-Trust. After loading, every operator in float32 and float64 is checked against a float64 torch
+Trust. A build's SHA-256 digest is written beside it; a later process loads a cached build only
+when its bytes match that digest, and loads them from a private copy (a file changed after the check
+is never mapped); a cached build without a matching digest is deleted and built anew. After loading, every operator in float32 and float64 is checked against a float64 torch
 reference (:func:`pml_hyperbolic.kernels.self_check.self_check`). A build that fails to load or
 fails the check is deleted; a failed load is built again once, a failed check (its operators are
 registered in this process) falls back to torch here, with a warning, and the next process builds
@@ -108,7 +110,24 @@ def _compiler_env():
                 os.environ["CXX"] = previous
 
 
+def _registered() -> bool:
+    """Whether this process has the operators already (loading a second copy would register them
+    twice, which aborts)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("pml_hyperbolic::_native_tail_", "CPU")
+    except RuntimeError:  # the operator's schema is not registered at all
+        return False
+
+
 def _compile_and_load(folder: Path) -> None:
+    """Load the verified cached build, else build (cpp_extension) and load, then record the digest."""
+    if _registered() or _load_verified_copy(folder):
+        return
+    _build_and_load(folder)
+    _record_digest(folder)
+
+
+def _build_and_load(folder: Path) -> None:
     from torch.utils.cpp_extension import load
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -116,6 +135,54 @@ def _compile_and_load(folder: Path) -> None:
         warnings.simplefilter("ignore")  # (cpp_extension's notes about CUDA_HOME and the compiler ABI)
         load(name=_NAME, sources=[str(SOURCES[0])], extra_cflags=list(FLAGS), build_directory=str(folder),
              is_python_module=False, verbose=False)
+
+
+def _library_file(folder: Path) -> Path:
+    return folder / f"{_NAME}.so"
+
+
+def _digest_file(folder: Path) -> Path:
+    return folder / f"{_NAME}.so.sha256"
+
+
+def _digest_line(data: bytes) -> str:
+    return f"{hashlib.sha256(data).hexdigest()} {build_key()}\n"
+
+
+def _record_digest(folder: Path) -> None:
+    """Write the digest of the library just built (atomically: a reader sees none or all of it)."""
+    data = _library_file(folder).read_bytes()
+    tmp = _digest_file(folder).with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(_digest_line(data))
+    os.replace(tmp, _digest_file(folder))
+
+
+def _load_verified_copy(folder: Path) -> bool:
+    """Load a cached build only if its bytes match the digest written when it was built, from a
+    private copy of those very bytes (so a file changed after the check is never mapped). A cached
+    build without a matching digest (truncated, altered, or left by an interrupted build) is deleted.
+    Returns True when the operators were loaded this way."""
+    library_file, digest_file = _library_file(folder), _digest_file(folder)
+    if not library_file.is_file():
+        return False
+    data = library_file.read_bytes()
+    try:
+        expected = digest_file.read_text()
+    except OSError:
+        expected = None
+    if expected != _digest_line(data):
+        shutil.rmtree(folder, ignore_errors=True)
+        return False
+    import tempfile
+
+    private = Path(tempfile.mkdtemp(prefix="pml_hyperbolic_kernels_"))
+    try:
+        copy = private / library_file.name
+        copy.write_bytes(data)
+        torch.ops.load_library(str(copy))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return True
 
 
 def _operators():
