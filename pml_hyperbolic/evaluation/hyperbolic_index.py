@@ -394,11 +394,11 @@ class HyperbolicIndex(CertifiedSearchMixin):
         return _approx.augment(Y32.numpy(), nrm.numpy(), self._mips_m, self._pad), nrm
 
     def _set_mips_m(self, ref, cx2, den) -> None:
-        if self._mips_m is None:  # twice the largest lifted norm seen first: room for later adds
+        if self._mips_m is None:  # from the largest lifted norm seen first (search/approximate.py)
             top = max(float(torch.linalg.vector_norm(
                 _lift32(ref[a: a + 65536], cx2[a: a + 65536], den[a: a + 65536], self.c)[0].double(),
                 dim=1).max()) for a in range(0, ref.shape[0], 65536))
-            self._mips_m = 2.0 * top
+            self._mips_m = _approx.mips_factor(self.factory) * top
 
     def _train_lifted(self, ref, cx2, den) -> None:
         self._set_mips_m(ref, cx2, den)
@@ -563,9 +563,10 @@ class HyperbolicIndex(CertifiedSearchMixin):
                 s, i = self._index.search(Q32, kk)
                 return torch.from_numpy(s), torch.from_numpy(i)
             _approx.set_search(self._index, self.nprobe, max(self.ef_search, kk))
-            l2, i = self._index.search(_approx.augment_query(Q32, self._pad), kk)
-            qn2 = (Q32.astype(np.float64) ** 2).sum(1, keepdims=True)
-            s = (qn2 + self._mips_m ** 2 - l2) / 2  # back to the inner product
+            # each query scaled onto the database's sphere |Y'| = M (same order for that query)
+            scale = self._mips_m / np.linalg.norm(Q32.astype(np.float64), axis=1, keepdims=True)
+            l2, i = self._index.search(_approx.augment_query((Q32 * scale).astype(np.float32), self._pad), kk)
+            s = (2.0 * self._mips_m ** 2 - l2) / (2.0 * scale)  # back to the inner product
             return torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
         finally:
             torch.set_num_threads(post)
@@ -588,7 +589,7 @@ class HyperbolicIndex(CertifiedSearchMixin):
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         s, idx = self._faiss_search(Q32, kk)
         if not self._exact:
-            return self._rerank(q, s, idx, k, ids, out_dtype)
+            return self._rerank(q, s, idx, k, ids, out_dtype, q32)
         # one faiss call and O(B·k') vectorised work; rows it cannot certify (rare) are searched
         # again with more candidates
         out_d, out_i, ok = self._refine(q, X0, qnorm, s, idx, k, ids, kk >= n, q32, out_dtype)

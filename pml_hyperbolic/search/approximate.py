@@ -5,7 +5,12 @@ The maximum inner product :math:`\langle Q, Y\rangle` (:mod:`.lift`) becomes a n
 :math:`Y' = (Y, \sqrt{M^2 - \|Y\|^2})` and :math:`Q' = (Q, 0)` give
 :math:`\|Q' - Y'\|^2 = \|Q\|^2 + M^2 - 2\langle Q, Y\rangle`, the same order for one query. faiss's
 graph and inverted-file indexes are built for L2 neighbourhoods; searched with the raw inner product
-(unnormalised vectors) their recall is far lower (docs/design/knn-index.md). Factories whose codes need
+(unnormalised vectors) their recall is far lower (docs/design/knn-index.md). Each query is scaled to
+:math:`\|Q'\| = M`, onto the sphere that holds the database: the order of one query's results does not
+change, but an inverted file then ranks its lists by closeness on that sphere rather than by the
+lists' spread. :math:`M` is 1.1 × the largest lifted norm of the points that trained (or first filled)
+the index for inverted files and other codes (a tight sphere keeps the lists apart), 2 × for a graph
+(``HNSW``), whose links are built between database points and prefer the flatter cap. Factories whose codes need
 the dimension to be a multiple of something (``PQ16``...) get zero columns appended.
 
 Design note: docs/design/knn-index.md
@@ -54,6 +59,11 @@ def new_index(factory: str, dim: int):
 def check_factory(factory: str) -> None:
     """ValueError now (not at the first add) for a factory faiss cannot build at a typical size."""
     new_index(factory, 129)
+
+
+def mips_factor(factory: str) -> float:
+    """M over the largest lifted norm: 2 for a graph factory, 1.1 for the others (module docstring)."""
+    return 2.0 if factory.upper().startswith("HNSW") else 1.1
 
 
 def has_ivf(factory: str) -> bool:

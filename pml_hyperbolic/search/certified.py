@@ -153,16 +153,47 @@ class CertifiedSearchMixin:
             out_d[still] = out_d[still].gather(1, perm)
             out_i[still] = out_i[still].gather(1, perm)
 
-    def _rerank(self, q, s32, idx, k, ids, out_dtype):
-        """``kind="hnsw"``: exact distances of every candidate, sorted by (distance, index)."""
+    def _rerank(self, q, s32, idx, k, ids, out_dtype, q32=None):
+        """Approximate factories: exact distances of every candidate, sorted by (distance, index).
+
+        With float32 inputs (``q32`` and the references exact in float32) the differences are taken
+        in float32 (relative error ``_kappa()`` < ``rtol``); rows where two of the first k + 1
+        distances lie within that error of each other are recomputed in float64, so the order is
+        the exact one. faiss pads missing candidates with -1: distance inf, index -1."""
         if ids is not None:
             s32, idx = _drop_self(s32, idx, ids)
-        valid = idx >= 0  # HNSW may pad with -1
-        r, p = valid.nonzero(as_tuple=True)
-        d = torch.full(idx.shape, math.inf, dtype=torch.float64)
-        d[r, p] = self._exact_pairs(q, r, idx[r, p])
+        valid = idx >= 0
+        safe = torch.where(valid, idx, torch.zeros((), dtype=idx.dtype))
+        fast = q32 is not None and self._get_ball32() is not None and self._kappa() < self.rtol
+        d = self._grid_dist(q, q32 if fast else None, safe).masked_fill_(~valid, math.inf)
+        if fast and idx.shape[1] > 1:
+            top = d.sort(dim=1).values[:, :k + 1]
+            close = (top[:, 1:] - top[:, :-1]) <= (2.5 * self._kappa()) * top[:, 1:]
+            rows = close.any(dim=1).nonzero(as_tuple=True)[0]
+            if rows.numel():
+                d[rows] = self._grid_dist(q[rows], None, safe[rows]).masked_fill_(~valid[rows], math.inf)
         perm = _sort_by_dist_index(d, torch.where(valid, idx, idx.shape[1] + self.ntotal))[:, :k]
         return d.gather(1, perm).to(out_dtype), idx.gather(1, perm)
+
+    def _grid_dist(self, q: Tensor, q32: Optional[Tensor], cols: Tensor) -> Tensor:
+        """float64 (B, kk) distances of query row i to references ``cols[i, :]`` by
+        :func:`_dist_from_diff`: float32 differences with ``q32``, else float64; in blocks of rows
+        (a few tens of MB gathered at a time)."""
+        B, kk = cols.shape
+        ball32 = self._get_ball32()
+        source = ball32 if ball32 is not None else self._ball
+        bq = _conformal_terms(q, self.c)[1]
+        out = torch.empty((B, kk), dtype=torch.float64)
+        step = max(1, (1 << 18) // max(1, kk))
+        for a in range(0, B, step):
+            cc = cols[a: a + step]
+            y = _gather_rows(source, cc.reshape(-1)).view(cc.shape[0], kk, -1)
+            if q32 is not None:
+                diff = y.sub_(q32[a: a + step, None, :])
+            else:
+                diff = y.to(torch.float64).sub_(q[a: a + step, None, :])
+            out[a: a + step] = _dist_from_diff(diff, bq[a: a + step, None], self._bball[cc], self.c)
+        return out
 
     def _get_ball32(self):
         """float32 copy of the references if it is exact (float32 inputs), else None; cached."""
