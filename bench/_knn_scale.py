@@ -99,6 +99,8 @@ def run_scale(args):
     if args.pq:
         plans.append((f"IVF{args.nlist},PQ{args.pq}", "nprobe", [int(v) for v in args.nprobe.split(",") if v]))
     for factory, param, values in plans:
+        if not values:  # e.g. --ef "" skips HNSW
+            continue
         print(f"### {factory}", flush=True)
         hyp = HyperbolicIndex(c=c, factory=factory)
 
