@@ -1,4 +1,4 @@
-"""PML ``knn_func`` returning exact Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
+"""PML ``knn_func`` returning Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +26,9 @@ class HyperbolicKNN:
     Args:
         c: curvature magnitude (float, tensor, hypll object or a
             :class:`~pml_hyperbolic.geometry.PoincareGeometry`, read at every search).
-        **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
-            index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
+        **index_kwargs: passed to :class:`HyperbolicIndex` (``factory="HNSW32"``, ``"IVF4096,Flat"``,
+            ``nprobe``... for an approximate index; ``batch_size``, ``rtol``, ``margin``,
+            ``use_gpu``...).
 
     Raises:
         ValueError: a bad ``c`` or index argument, naming it (checked here, not at the first search).
