@@ -5,6 +5,8 @@
     python -m bench knn --quick             # smaller, for a smoke run
     python -m bench knn --cases 8131x8,20000x100 --repeats 3
     python -m bench knn --cases 2000x8 --collapsed 6000x5000   # + a collapsed model (5,000 duplicates)
+    python -m bench knn --scale [--quick]   # factories (HNSW, IVF) over the lift vs the cosine index,
+                                            # 1M x 128 (--quick: 50,000); see bench/_knn_scale.py
 
 Two modes of HyperbolicKNN are timed: ``exact_ranks`` = the benchmark's Recall@K list (1, 2, 4, 8
 for the Cars size; 1, 10, 100, 1000 for SOP): neighbour sets exact at each listed K and at k,
@@ -268,6 +270,18 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--collapsed", default="", help="e.g. 6000x5000: N points of which 5000 identical (k=8)")
     p.add_argument("--cases", default="", help="e.g. 8131x8,20000x100 (N x k)")
+    p.add_argument("--scale", action="store_true",
+                   help="retrieval at scale instead: faiss factories over the lift beside the cosine "
+                        "index (bench/_knn_scale.py); 1,000,000 x 128 and 10,000 queries, with --quick "
+                        "50,000 and 1,000 (the full size takes about half an hour on 2 cores)")
+    p.add_argument("--n", type=int, default=None, help="--scale: gallery size")
+    p.add_argument("--queries", type=int, default=None, help="--scale: number of queries")
+    p.add_argument("--nlist", type=int, default=None, help="--scale: IVF lists (4096; --quick 256)")
+    p.add_argument("--nprobe", default="1,4,16", help="--scale: IVF nprobe values")
+    p.add_argument("--ef", default="16,32,64", help="--scale: HNSW efSearch values")
+    p.add_argument("--hnsw-m", type=int, default=32, help="--scale: HNSW links per node")
+    p.add_argument("--pq", type=int, default=0, help="--scale: also IVF<nlist>,PQ<pq> (0: no)")
+    p.add_argument("--train-sample", type=int, default=200000, help="--scale: IVF training points")
     args = p.parse_args(argv)
     import faiss
 
@@ -277,6 +291,13 @@ def main(argv=None):
         p.error("--threads must be >= 1")
     print(f"# bench/knn.py  threads={args.threads}  torch {torch.__version__}  faiss {faiss.__version__}  "
           f"{load_text()}")
+    if args.scale:
+        from bench._knn_scale import run_scale
+
+        args.n = args.n or (50_000 if args.quick else 1_000_000)
+        args.queries = args.queries or (1_000 if args.quick else 10_000)
+        args.nlist = args.nlist or (256 if args.quick else 4096)
+        return run_scale(args)
     p_cases = [(8131, 8), (60000, 1000)] if not args.quick else [(2000, 8), (6000, 100)]
     cases = [tuple(int(v) for v in cs.split("x")) for cs in args.cases.split(",")] if args.cases else p_cases
     for n, k in cases:

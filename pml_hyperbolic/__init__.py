@@ -35,6 +35,7 @@ _EXPORTS = {
     "HierarchicalSimilarityMiner": ".miners",
     "MixedGeometryMiner": ".miners",
     "hyperbolic_uncertainty": ".uncertainty",
+    "to_inner_product": ".search",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "unwrap_ball_tensor",
     "to_manifold_tensor",
     "accept_manifold_tensors",
+    "to_inner_product",
 ]
 
 from ._lazy import lazy_exports  # noqa: E402

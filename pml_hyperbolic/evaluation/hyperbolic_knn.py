@@ -1,4 +1,4 @@
-"""PML ``knn_func`` returning exact Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
+"""PML ``knn_func`` returning Poincaré-distance neighbours (see :mod:`.hyperbolic_index`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +28,9 @@ class HyperbolicKNN:
             curvature magnitude (float, tensor, hypll object) given to
             :func:`~pml_hyperbolic.geometry.as_geometry`; its curvature is read at every search.
             Default :data:`~pml_hyperbolic.geometry.DEFAULT_CURVATURE`.
-        **index_kwargs: passed to :class:`HyperbolicIndex` (``kind="hnsw"`` for the approximate
-            index, ``batch_size``, ``rtol``, ``margin``, ``use_gpu``...).
+        **index_kwargs: passed to :class:`HyperbolicIndex` (``factory="HNSW32"``, ``"IVF4096,Flat"``,
+            ``nprobe``... for an approximate index; ``batch_size``, ``rtol``, ``margin``,
+            ``use_gpu``...).
 
     Raises:
         ValueError: a bad ``c`` or index argument, naming it (checked here, not at the first search).

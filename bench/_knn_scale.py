@@ -1,0 +1,167 @@
+"""Hyperbolic retrieval at scale (``python -m bench knn --scale``): faiss factories over the
+hyperboloid lift (HyperbolicIndex) beside the same factories on the cosine of the same directions.
+
+Gallery: N ball points in D = 128 with clustered directions (N / 100 Gaussian centres, per-point
+noise 0.25 per coordinate, normalised) and distances from the origin d0 in [1.5, 3.2] at c = 0.1
+(a cluster mean drawn uniformly, per-point spread 0.3, clipped); queries drawn the same way from the
+same clusters. The cosine side indexes the normalised directions (faiss METRIC_INNER_PRODUCT), what a
+sphere user runs on the same data.
+
+Per factory: build seconds (train + add), bytes (faiss.serialize_index; for HyperbolicIndex also the
+coordinates it keeps for the exact distances), and per search setting: queries/s over all queries
+(k = 10), recall@10 against the exact index of the same side (HyperbolicIndex "Flat", certified;
+faiss IndexFlatIP for the cosine), ratios to the exact index and to the cosine index at the same
+setting. Hyperbolic and cosine searches alternate; the load average is stored in every row.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from pml_hyperbolic.threads import uncontended_threads
+
+
+def make_gallery(n, d, c, seed, centres=None):
+    """(float32 ball points, float32 unit directions, centres) as the module docstring says."""
+    g = np.random.default_rng(seed)
+    if centres is None:
+        ncl = max(1, n // 100)
+        centres = (g.standard_normal((ncl, d)).astype(np.float32), g.uniform(1.5, 3.2, ncl))
+    dirs_c, d0_c = centres
+    lab = g.integers(0, len(d0_c), n)
+    v = dirs_c[lab] + 0.25 * g.standard_normal((n, d)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    d0 = np.clip(d0_c[lab] + 0.3 * g.standard_normal(n), 1.5, 3.2)
+    r = np.tanh(math.sqrt(c) * d0 / 2) / math.sqrt(c)
+    return (v * r[:, None]).astype(np.float32), v, centres
+
+
+def _recall(found, truth, k):
+    found, truth = np.asarray(found)[:, :k], np.asarray(truth)[:, :k]
+    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(found, truth)]))
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def _faiss_threads(threads):
+    import faiss
+
+    faiss.omp_set_num_threads(uncontended_threads(threads) if threads > 1 else 1)
+
+
+def run_scale(args):
+    import faiss
+
+    from pml_hyperbolic.evaluation import HyperbolicIndex
+
+    n, nq, d, c, k = args.n, args.queries, args.dim, args.c, 10
+    x, dirs, centres = make_gallery(n, d, c, seed=1)
+    q, qdirs, _ = make_gallery(nq, d, c, seed=2, centres=centres)
+    x_t, q_t = torch.from_numpy(x), torch.from_numpy(q)
+    rng = np.random.default_rng(3)
+    sample = np.sort(rng.choice(n, size=min(n, args.train_sample), replace=False))
+    rows = []
+
+    def log(row):
+        row["load_1min"] = round(os.getloadavg()[0], 2)
+        rows.append(row)
+        print("  " + ", ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                                for key, val in row.items()), flush=True)
+
+    print(f"\n## scale: gallery {n} x {d}, {nq} queries, k={k}, c={c}, train sample {len(sample)}", flush=True)
+    # exact references (and the exact index's own speed)
+    exact = HyperbolicIndex(c=c)
+    t_build, _ = _timed(lambda: exact.add(x_t))
+    t_h, (_, truth_h) = _timed(lambda: exact.search(q_t, k))
+    exact_bytes = len(faiss.serialize_index(exact._index)) + exact._ball.numel() * exact._ball.element_size()
+    del exact
+    _faiss_threads(args.threads)
+    flat_cos = faiss.IndexFlatIP(d)
+    t_cb, _ = _timed(lambda: flat_cos.add(dirs))
+    t_c, (_, truth_c) = _timed(lambda: flat_cos.search(qdirs, k))
+    cos_flat_bytes = len(faiss.serialize_index(flat_cos))
+    del flat_cos
+    qps_exact_h, qps_exact_c = nq / t_h, nq / t_c
+    log(dict(factory="Flat", setting="exact", build_s=t_build, qps=qps_exact_h, recall10=1.0,
+             bytes=exact_bytes, cos_build_s=t_cb, cos_qps=qps_exact_c, cos_recall10=1.0,
+             cos_bytes=cos_flat_bytes, speedup_vs_exact=1.0, qps_ratio_to_cosine=qps_exact_h / qps_exact_c))
+
+    plans = [(f"HNSW{args.hnsw_m}", "ef_search", [int(v) for v in args.ef.split(",") if v])]
+    plans.append((f"IVF{args.nlist},Flat", "nprobe", [int(v) for v in args.nprobe.split(",") if v]))
+    if args.pq:
+        plans.append((f"IVF{args.nlist},PQ{args.pq}", "nprobe", [int(v) for v in args.nprobe.split(",") if v]))
+    for factory, param, values in plans:
+        if not values:  # e.g. --ef "" skips HNSW
+            continue
+        print(f"### {factory}", flush=True)
+        hyp = HyperbolicIndex(c=c, factory=factory)
+
+        def build_h():
+            if "IVF" in factory:
+                hyp.train(x_t[torch.from_numpy(sample)])
+            hyp.add(x_t)
+
+        t_bh, _ = _timed(build_h)
+        h_faiss = len(faiss.serialize_index(hyp._index))
+        h_coords = hyp._ball.numel() * hyp._ball.element_size()
+        _faiss_threads(args.threads)
+        cos = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+
+        def build_c():
+            if "IVF" in factory:
+                cos.train(dirs[sample])
+            cos.add(dirs)
+
+        t_bc, _ = _timed(build_c)
+        if factory.startswith("HNSW"):
+            faiss.downcast_index(cos).hnsw.efConstruction = hyp.ef_construction  # (set before add below)
+        c_bytes = len(faiss.serialize_index(cos))
+        ps = faiss.ParameterSpace()
+        for value in values:
+            hyp.set_search_parameters(**{param: value})
+            ps.set_index_parameter(cos, "efSearch" if param == "ef_search" else "nprobe", value)
+            t_s, (_, found_h) = _timed(lambda: hyp.search(q_t, k))
+            _faiss_threads(args.threads)
+            t_sc, (_, found_c) = _timed(lambda: cos.search(qdirs, k))
+            qps_h, qps_c = nq / t_s, nq / t_sc
+            log(dict(factory=factory, setting=f"{param}={value}", build_s=t_bh, qps=qps_h,
+                     recall10=_recall(found_h.numpy(), truth_h.numpy(), k), bytes=h_faiss + h_coords,
+                     faiss_bytes=h_faiss, coordinate_bytes=h_coords, cos_build_s=t_bc, cos_qps=qps_c,
+                     cos_recall10=_recall(found_c, truth_c, k), cos_bytes=c_bytes,
+                     speedup_vs_exact=qps_h / qps_exact_h, qps_ratio_to_cosine=qps_h / qps_c,
+                     faiss_bytes_ratio_to_cosine=h_faiss / c_bytes,
+                     bytes_ratio_to_cosine=(h_faiss + h_coords) / c_bytes))
+        del hyp, cos
+    _summary(rows)
+    return rows
+
+
+def _summary(rows):
+    """Targets: recall@10 >= 0.95 at >= 20x the exact index's queries/s; queries/s within 1.2x of
+    the cosine index at equal recall (the fastest cosine setting of the same factory whose recall is
+    at least the hyperbolic one); memory within 1.2x."""
+    best = None
+    for r in rows:
+        if r["setting"] != "exact" and r["recall10"] >= 0.95 and (best is None or r["qps"] > best["qps"]):
+            best = r
+    if best is None:
+        print("\nno approximate setting reached recall@10 >= 0.95")
+        return
+    same = [r for r in rows if r["factory"] == best["factory"] and r["cos_recall10"] >= best["recall10"]]
+    cos_qps = max((r["cos_qps"] for r in same), default=float("nan"))
+    print(f"\nfastest setting at recall@10 >= 0.95: {best['factory']} {best['setting']}: recall {best['recall10']:.3f}, "
+          f"{best['speedup_vs_exact']:.1f}x the exact index's queries/s (target >= 20x: "
+          f"{'MET' if best['speedup_vs_exact'] >= 20 else 'NOT MET'}); cosine {best['factory']} at recall >= "
+          f"{best['recall10']:.3f}: {cos_qps:.0f} q/s, ratio {cos_qps / best['qps']:.2f}x (target <= 1.2x: "
+          f"{'MET' if cos_qps / best['qps'] <= 1.2 else 'NOT MET'}); memory {best['bytes_ratio_to_cosine']:.2f}x "
+          f"the cosine index with the coordinates kept for exact distances, {best['faiss_bytes_ratio_to_cosine']:.2f}x "
+          f"for the faiss part alone (target <= 1.2x)")
+    best["summary"] = True

@@ -1,0 +1,18 @@
+"""Plumbing of ``python -m bench knn --scale`` at a toy size: one row per factory setting, with the
+cosine baseline and the ratios of the same run."""
+from bench import knn
+
+
+def test_scale_rows_at_a_toy_size():
+    rows = knn.main(["--scale", "--n", "3000", "--queries", "40", "--dim", "16", "--nlist", "16",
+                     "--ef", "8", "--nprobe", "1,16", "--train-sample", "2000", "--threads", "1"])
+    assert [(r["factory"], r["setting"]) for r in rows] == [
+        ("Flat", "exact"), ("HNSW32", "ef_search=8"), ("IVF16,Flat", "nprobe=1"), ("IVF16,Flat", "nprobe=16")]
+    for r in rows:
+        assert 0.0 <= r["recall10"] <= 1.0 and 0.0 <= r["cos_recall10"] <= 1.0
+        assert r["qps"] > 0 and r["cos_qps"] > 0 and r["bytes"] > 0 and r["cos_bytes"] > 0
+        assert abs(r["qps_ratio_to_cosine"] - r["qps"] / r["cos_qps"]) < 1e-9 * r["qps_ratio_to_cosine"]
+        assert "load_1min" in r
+    assert rows[0]["recall10"] == 1.0
+    assert rows[-1]["recall10"] == 1.0  # every list probed: the exact neighbours
+    assert rows[-1]["coordinate_bytes"] == 3000 * 16 * 4  # float32 coordinates kept for exact distances
