@@ -394,7 +394,7 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
         from .kernels.triton_pairwise import pairwise_poincare_dist_triton, triton_available
 
         if triton_available(x.device):
-            return pairwise_poincare_dist_triton(x, y, c)
+            return pairwise_poincare_dist_triton(x, y, _c_wide(c, x))
     x, y = _upcast(x), _upcast(y)
     if x.dtype != y.dtype:
         x, y = x.double(), y.double()

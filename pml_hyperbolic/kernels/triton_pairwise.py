@@ -41,12 +41,13 @@ Design note: docs/design/gpu-kernel.md
 """
 from __future__ import annotations
 
+from numbers import Real
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from pml_hyperbolic.poincare_ball import DENOM_FLOOR, as_curvature
+from pml_hyperbolic.kernels.gram import DENOM_FLOOR
 
 try:  # Triton is optional: without it the module imports, and the entry point says why it cannot run
     import triton
@@ -311,7 +312,8 @@ def pairwise_poincare_dist_triton(x: Tensor, y: Tensor, c: float | Tensor) -> Te
         x: (N, D) points of the ball, float16, bfloat16, float32 or float64.
         y: (M, D) points of the ball on ``x``'s device (may be ``x`` itself).
         c: curvature magnitude > 0: a float, a one-element tensor (a learnable one receives its
-            gradient) or anything :func:`pml_hyperbolic.poincare_ball.as_curvature` reads.
+            gradient; for a :class:`~pml_hyperbolic.geometry.PoincareGeometry` pass
+            ``geometry.curvature(torch.float64)``).
 
     Returns:
         The (N, M) distance matrix, float32 (float64 if ``x`` or ``y`` is float64).
@@ -335,9 +337,29 @@ def pairwise_poincare_dist_triton(x: Tensor, y: Tensor, c: float | Tensor) -> Te
                f"got a tensor on {x.device}")
         raise RuntimeError(f"pairwise_poincare_dist_triton cannot run: {why}; use "
                            f"pml_hyperbolic.poincare_ball.pairwise_dist instead")
-    curvature = as_curvature(c, torch.float64, x.device)
+    curvature = _curvature_tensor(c, x.device)
     _check_inputs(x, None if y is x else y, curvature)
     return torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton(x, None if y is x else y, curvature)
+
+
+def _curvature_tensor(c: float | Tensor, device: torch.device) -> Tensor:
+    """``c`` as a float64 tensor on ``device`` (a tensor keeps its autograd link). Only numbers and
+    tensors: this module sits below the geometry (which imports the kernels)."""
+    if isinstance(c, Tensor):
+        if c.numel() != 1:
+            raise ValueError(f"c must be a scalar curvature (a one-element tensor), got shape {tuple(c.shape)}")
+        value, tensor = float(c.detach()), c.to(device=device, dtype=torch.float64).reshape(())
+    elif isinstance(c, Real) and not isinstance(c, bool):
+        value = float(c)
+        tensor = torch.tensor(value, dtype=torch.float64, device=device)
+    else:
+        value = tensor = None
+    if tensor is not None:
+        if not (value > 0 and value < float("inf")):
+            raise ValueError(f"c must be a finite curvature magnitude > 0, got {value!r}")
+        return tensor
+    raise TypeError(f"c must be a float or a one-element tensor, got {type(c).__name__}; for a "
+                    "PoincareGeometry pass geometry.curvature(torch.float64)")
 
 
 __all__ = ["pairwise_poincare_dist_triton", "triton_available", "OP_NAME", "BACKWARD_OP_NAME"]
