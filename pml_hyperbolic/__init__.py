@@ -35,6 +35,7 @@ _EXPORTS = {
     "HierarchicalSimilarityMiner": ".miners",
     "MixedGeometryMiner": ".miners",
     "hyperbolic_uncertainty": ".uncertainty",
+    "retrieval_uncertainty": ".evaluation",
 }
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "HierarchicalPseudoLabeler",
     "HierarchicalSimilarityMiner",
     "hyperbolic_uncertainty",
+    "retrieval_uncertainty",
     "unwrap_ball_tensor",
     "to_manifold_tensor",
     "accept_manifold_tensors",

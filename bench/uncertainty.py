@@ -1,0 +1,489 @@
+#!/usr/bin/env python
+"""Which per-query score predicts a wrong top-1 best: the radius, the kNN's own confidence, or both?
+
+    python -m bench uncertainty                 # 3 seeds, 600 steps, every domain of --datasets
+    python -m bench uncertainty --quick         # 1 seed, 200 steps (banks cached: under 3 min on 2 cores)
+    python -m bench uncertainty --datasets glyphs,icons --seeds 0,1,2 --models ball_ms,sphere_supcon
+
+Protocol (the held-out benchmark's public defaults, at a CPU budget): frozen ImageNet
+EfficientNet-Lite0 features (``--backbone tf_efficientnet_lite0``, 64 px, pooled 1280-d; only the
+128-d head trains), batch 256 = 64 classes × 4, AdamW lr 1e-3 (wd 0.01, grad clip 3), 600 steps. Models:
+
+* ``ball_ms``: MultiSimilarity + miner on ``PoincareSimilarity`` (c = 0.1, clip 2.3, T = 2·clip_r),
+  the polar head (``HyperbolicEmbeddingHead(radius="learned")``), as ``bench/quality.py``'s ``hms`` row;
+* ``ball_ms_cal``: the same + 0.03·``RadialCalibrationLoss`` (the recipes' calibration weight);
+* ``sphere_supcon``: PML ``SupConLoss`` (τ 0.1) on an L2-normalised head (cosine);
+* ``sphere_ms``: PML ``MultiSimilarityLoss`` (2, 50, 0.5) + ``MultiSimilarityMiner`` (ε 0.1), cosine.
+
+Per test query (query → gallery, exact Poincaré distance in the ball, 1 − cos on the sphere), every
+score is "larger = more uncertain":
+
+* single scores: ``radius`` (``hyperbolic_uncertainty``, gallery-free, ball only), ``top1_dist``
+  (distance to the top-1 neighbour), ``gap`` (−(d₂ − d₁), the top-1/top-2 gap), ``agree@10``
+  (1 − the share of the top 10 labels equal to the top-1 label);
+* combinations (candidates for the public score): ``ratio`` = d₁ / d_rival (d_rival: the first of
+  the top k whose label differs from the top-1 label, d_k when none does), ``margin`` = d₁ − d_rival,
+  ``vote@k,p`` (1 − the top-1 label's share of the top-k weights (d₁/d_i)^p), ``ratio×d1``,
+  ``ratio+β·radius`` (log ratio + β·radius, ball only); ``retrieval_uncertainty`` is the package's
+  public function (:func:`pml_hyperbolic.evaluation.retrieval_uncertainty`), computed by it.
+
+Reported per domain, model and score (mean ± std over seeds): AUROC for "top-1 wrong", AURC (the area
+under the risk–coverage curve, lower is better) and E-AURC (AURC minus the AURC of a perfect
+ordering at the same error rate), and the AUROC of "degraded" over each clean test query and its
+blurred (Gaussian σ 1.5 px), noised (σ 0.5 of the normalised intensity) and occluded (24 px square)
+copy: degraded queries go through the frozen backbone once per domain (cached like the bank).
+
+Choice on validation, check on test: every model is also trained on the training classes minus a
+validation carve (``qc.carve_validation``: 32 training classes, queried as the test split is); the
+validation table ranks the candidate forms and constants (the choice for the public function is
+made there), the test table then checks them. Nothing is chosen on test classes.
+Targets (printed as met / not met per domain): (a) ``radius`` on a ball model reaches the best
+sphere model's ``top1_dist`` failure AUROC; (b) ``retrieval_uncertainty`` beats every single score
+(of every model) by ≥ 0.02 failure AUROC.
+Cost: about 20 min for two domains and 3 seeds on 2 shared cores once the banks are cached (the
+first build of a domain's bank and degraded copies: a few minutes more).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+from bench import _quality_common as qc
+
+MODELS = ("ball_ms", "ball_ms_cal", "sphere_supcon", "sphere_ms")
+SINGLE = ("radius", "top1_dist", "gap", "agree@10")
+CALIBRATION_WEIGHT = 0.03
+DEGRADATIONS = ("blur", "noise", "occlude")
+K_MAX = 20  # neighbours kept per query (every candidate reads its scores from these)
+PUBLIC = "retrieval_uncertainty"
+
+
+# ----------------------------------------------------------------------------------------- models
+
+class _MSOnBall(torch.nn.Module):
+    """MultiSimilarity + miner on one similarity object, plus ``w``·radial calibration (w = 0: none)."""
+
+    def __init__(self, geometry, calibration):
+        super().__init__()
+        from pytorch_metric_learning.losses import MultiSimilarityLoss
+        from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+        from pml_hyperbolic.distances import PoincareSimilarity
+        from pml_hyperbolic.losses import RadialCalibrationLoss
+
+        similarity = PoincareSimilarity(c=geometry)
+        self.loss = MultiSimilarityLoss(alpha=2, beta=50, base=0.5, distance=similarity)
+        self.miner = MultiSimilarityMiner(epsilon=0.1, distance=similarity)
+        self.calibration = calibration
+        self.cal = RadialCalibrationLoss(c=geometry) if calibration else None
+
+    def forward(self, emb, labels, indices_tuple=None):
+        out = self.loss(emb, labels, self.miner(emb, labels))
+        return out + self.calibration * self.cal(emb, labels) if self.cal is not None else out
+
+
+def build_model(name: str, feature_dim: int, embedding_dim: int = 128):
+    """(head, loss, geometry or None) of one model (``MODELS``)."""
+    from pml_hyperbolic.geometry import PoincareGeometry
+    from pml_hyperbolic.heads import HyperbolicEmbeddingHead, SphericalEmbeddingHead
+
+    if name in ("ball_ms", "ball_ms_cal"):
+        geometry = PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)
+        head = HyperbolicEmbeddingHead(feature_dim, embedding_dim, c=geometry, radius="learned")
+        return head, _MSOnBall(geometry, CALIBRATION_WEIGHT if name == "ball_ms_cal" else 0.0), geometry
+    if name == "sphere_supcon":
+        from pytorch_metric_learning.losses import SupConLoss
+
+        return SphericalEmbeddingHead(feature_dim, embedding_dim), SupConLoss(temperature=0.1), None
+    if name == "sphere_ms":
+        from bench.radius import _multi_similarity
+
+        return SphericalEmbeddingHead(feature_dim, embedding_dim), _multi_similarity(), None
+    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+
+
+# ------------------------------------------------------------------------------- degraded queries
+
+def _image_split(dataset: str, split: str, fashion_root=None):
+    """(PIL dataset, clean transform) of one split of a bank dataset, or None when unknown here."""
+    from pml_hyperbolic.data import build_transforms
+
+    if dataset == "glyphs":
+        from pml_hyperbolic.data import GlyphDataset
+        return GlyphDataset(split), build_transforms("glyph", train=False, image_size=64)
+    if dataset == "icons":
+        from pml_hyperbolic.data import IconDataset
+        return IconDataset(split), build_transforms("glyph", train=False, image_size=64)
+    if dataset == "fashion-mnist":
+        root = qc.find_fashion_mnist(fashion_root)
+        if root is None:
+            return None
+        return qc.FashionMNISTRetrieval(root, "test", 300), qc.fashion_transforms(64, False)
+    return None
+
+
+def degraded_query_features(cfg, dataset: str, max_classes=None, use_cache=True, log=print):
+    """Pooled frozen features of every test query under each degradation: {kind: (N, F)}, cached
+    on disk (None when this bench cannot read the domain's images)."""
+    from bench.radius import degrade
+
+    tag = f"degraded|query|all|{','.join(DEGRADATIONS)}" + ("" if max_classes is None else f"|first{max_classes}")
+    path = qc._cache_path(cfg, dataset, tag)
+    if use_cache and os.path.isfile(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
+    found = _image_split(dataset, "query")
+    if found is None:
+        log(f"[degraded] {dataset}: images not readable by this bench; no degraded queries")
+        return None
+    data, clean = found
+    if cfg.image_size != 64:
+        raise SystemExit("the degraded queries are built at 64 px (the bank's default image size)")
+    if max_classes is not None:
+        data = qc._ClassSubset(data, max_classes)
+    log(f"[degraded] {dataset}: {len(data)} queries x {len(DEGRADATIONS)} degradations through the frozen backbone")
+    prefix, tail, _ = qc.split_backbone(cfg.backbone)
+    images = torch.stack([clean(data[i][0]) for i in range(len(data))])
+    out = {}
+    with torch.no_grad():
+        for j, kind in enumerate(DEGRADATIONS):
+            x = degrade(images, kind, seed=j)
+            out[kind] = torch.cat([tail(prefix(x[s:s + 256])) for s in range(0, len(x), 256)])
+    if use_cache:
+        os.makedirs(cfg.cache_dir, exist_ok=True)
+        torch.save(out, path)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- scores
+
+def neighbours(q, g, c, k=K_MAX, leave_one_out=False):
+    """(M, k) ascending distances (float64) and indices: exact Poincaré distance for c, 1 − cos else."""
+    from bench.radius import pair_distances
+
+    d = pair_distances(q, g, c)
+    if leave_one_out:
+        d.fill_diagonal_(float("inf"))
+    k = min(k, d.shape[1] - int(leave_one_out))
+    dist, idx = torch.topk(d, k, dim=1, largest=False, sorted=True)
+    return dist, idx
+
+
+def candidate_scores(dist, labels, radius=None):
+    """Every score of the bench from a neighbour table ((M, k) distances, (M, k) labels) and the
+    radius uncertainty (M,) or None: {name: (M,) numpy}, larger = more uncertain."""
+    d = dist.double().clamp_min(0)
+    y = labels
+    same = y == y[:, :1]
+    k = d.shape[1]
+    d1 = d[:, 0]
+    out = {"top1_dist": d1, "gap": -(d[:, 1] - d1) if k > 1 else torch.zeros_like(d1)}
+    for kk in (5, 10, 20):
+        if kk <= k:
+            out[f"agree@{kk}"] = 1 - same[:, :kk].double().mean(1)
+    tiny = torch.finfo(torch.float64).tiny
+    for kk in (10, 20):
+        if kk > k:
+            continue
+        rival_pos = torch.where(~same[:, :kk], torch.arange(kk).expand(len(d), kk), torch.full_like(y[:, :kk], kk - 1))
+        d_rival = d.gather(1, rival_pos.min(1, keepdim=True).values)[:, 0]
+        ratio = d1 / d_rival.clamp_min(tiny)
+        suffix = "" if kk == 10 else f"@{kk}"
+        out["ratio" + suffix] = ratio
+        out["margin" + suffix] = d1 - d_rival
+        out["ratio×d1" + suffix] = ratio * d1
+        out["ratio×√d1" + suffix] = ratio * d1.sqrt()
+        out[f"ratio+agree@{kk}"] = ratio + 1 - same[:, :kk].double().mean(1)
+        if radius is not None:
+            for beta in (0.5, 1.0, 2.0):
+                out[f"ratio+{beta:g}·radius" + suffix] = torch.log(ratio.clamp_min(tiny)) + beta * radius.double()
+    for kk in (10, 20):
+        if kk > k:
+            continue
+        for p in (1, 4, 16):
+            w = (d1[:, None].clamp_min(tiny) / d[:, :kk].clamp_min(tiny)) ** p
+            out[f"vote@{kk},p{p}"] = 1 - (w * same[:, :kk]).sum(1) / w.sum(1)
+    if radius is not None:
+        out["radius"] = radius.double()
+    return {name: v.numpy() for name, v in out.items()}
+
+
+def auroc(positive, score):
+    """Area under the ROC curve of ``score`` for ``positive`` (Mann–Whitney, ties counted half);
+    NaN when one class is empty. The same value as scikit-learn's, without its per-call overhead."""
+    from scipy.stats import rankdata
+
+    positive = np.asarray(positive, bool)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = rankdata(np.asarray(score, np.float64))
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def aurc(wrong, score):
+    """(AURC, E-AURC): mean selective risk over coverages 1/n..1 (most confident first), and minus
+    the optimum at the same error rate (a perfect ordering)."""
+    wrong = np.asarray(wrong, float)
+    order = np.argsort(score, kind="stable")
+    n = len(wrong)
+    risk = np.cumsum(wrong[order]) / np.arange(1, n + 1)
+    value = float(risk.mean())
+    optimal = float((np.cumsum(np.sort(wrong)) / np.arange(1, n + 1)).mean())
+    return value, value - optimal
+
+
+def score_model(head, geometry, query_feats, query_labels, gallery_feats, gallery_labels, degraded=None):
+    """Every score's failure AUROC, AURC, E-AURC and clean-vs-degraded AUROC for one trained model."""
+    from pml_hyperbolic.evaluation import retrieval_uncertainty
+    from pml_hyperbolic.uncertainty import hyperbolic_uncertainty
+
+    from bench.radius import embed
+
+    c = None if geometry is None else float(geometry.curvature())
+    q = embed(head, query_feats)
+    loo = gallery_feats is None
+    g, gl = (q, query_labels) if loo else (embed(head, gallery_feats), gallery_labels)
+
+    def scores_of(points):
+        dist, idx = neighbours(points, g, c, leave_one_out=loo and points is q)
+        radius = None if geometry is None else hyperbolic_uncertainty(points, c=geometry)
+        s = candidate_scores(dist, gl[idx], radius)
+        if not (loo and points is q):
+            s[PUBLIC] = retrieval_uncertainty(points, g, gl, c=geometry if geometry is not None else None).double().numpy()
+        return s, gl[idx[:, 0]]
+
+    s, top1_label = scores_of(q)
+    if loo:  # leave-one-out: the public function has no self-exclusion; its formula read from the table
+        s[PUBLIC] = s[_PUBLIC_CANDIDATE]
+    wrong = (top1_label != query_labels).numpy()
+    res = {"r1": float(1 - wrong.mean()), "scores": {}}
+    for name, v in s.items():
+        a, e = aurc(wrong, v)
+        res["scores"][name] = {"auroc_fail": auroc(wrong, v), "aurc": a, "e_aurc": e}
+    if degraded is not None and not loo:
+        for kind, feats in degraded.items():
+            sd, _ = scores_of(embed(head, feats))
+            is_deg = np.r_[np.zeros(len(wrong), bool), np.ones(len(feats), bool)]
+            for name in s:
+                res["scores"][name][f"auroc_{kind}"] = auroc(is_deg, np.r_[s[name], sd[name]])
+        for name in s:
+            res["scores"][name]["auroc_degraded"] = float(np.mean([res["scores"][name][f"auroc_{k}"] for k in degraded]))
+    return res
+
+
+# the bench's name of the candidate the public function computes (checked against it on every run)
+_PUBLIC_CANDIDATE = "ratio"
+
+
+# -------------------------------------------------------------------------------------- running
+
+def train_model(cfg, name, train, feature_dim, seed, steps):
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    head, loss, geometry = build_model(name, feature_dim, cfg.embedding_dim)
+    qc.train_with_labels(cfg, train, torch.nn.Identity(), head, loss, seed=seed, steps=steps)
+    return head, geometry
+
+
+def run_domain(cfg, dataset, models, seeds, steps, num_val_classes=32, max_classes=None, use_cache=True, log=print,
+               val_seeds=None, splits=("val", "test")):
+    """Validation and test results of every (model, seed) on one domain."""
+    bank = qc.pooled_bank(qc.build_bank(cfg, dataset, use_cache=use_cache, log=log, max_classes=max_classes), cfg,
+                          use_cache=use_cache)
+    n_train_classes = int(bank.train.labels.unique().numel())
+    n_val = min(num_val_classes, max(1, n_train_classes // 4))
+    train_v, val_q, val_g = qc.carve_validation(bank, num_val_classes=n_val, seed=0)
+    degraded = (degraded_query_features(cfg, dataset, max_classes=max_classes, use_cache=use_cache, log=log)
+                if "test" in splits else None)
+    out = {"note": bank.note, "val_classes": n_val, "runs": []}
+    for name in models:
+        for seed in seeds:
+            t0 = time.perf_counter()
+            val = None
+            if "val" in splits and (val_seeds is None or seed in val_seeds):
+                head, geometry = train_model(cfg, name, train_v, bank.feature_dim, seed, steps)
+                val = score_model(head, geometry, val_q.acts, val_q.labels, None if val_g is None else val_g.acts,
+                                  None if val_g is None else val_g.labels)
+            test = None
+            if "test" in splits:
+                head, geometry = train_model(cfg, name, bank.train, bank.feature_dim, seed, steps)
+                test = score_model(head, geometry, bank.query.acts, bank.query.labels,
+                                   None if bank.gallery is None else bank.gallery.acts,
+                                   None if bank.gallery is None else bank.gallery.labels, degraded)
+            out["runs"].append({"model": name, "seed": seed, "val": val, "test": test,
+                                "seconds": time.perf_counter() - t0})
+            parts = []
+            for split, res in (("val", val), ("test", test)):
+                if res is not None:
+                    sc = res["scores"]
+                    parts.append(f"{split} R@1 {100 * res['r1']:.1f}, failure AUROC radius "
+                                 f"{sc.get('radius', {}).get('auroc_fail', float('nan')):.3f} / top1_dist "
+                                 f"{sc['top1_dist']['auroc_fail']:.3f} / {PUBLIC} {sc[PUBLIC]['auroc_fail']:.3f}")
+            log(f"[{dataset}] {name} seed {seed}: " + "; ".join(parts) + f" ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+# ------------------------------------------------------------------------------------- reporting
+
+def _values(runs, model, split, score, metric):
+    return [r[split]["scores"][score].get(metric, np.nan) for r in runs
+            if r["model"] == model and r[split] is not None and score in r[split]["scores"]]
+
+
+def _cell(values, digits=3):
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], float)
+    if len(v) == 0:
+        return "—"
+    return f"{v.mean():.{digits}f}" if len(v) == 1 else f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+
+
+def _best(items):
+    """The largest finite (value, ...) tuple, or (nan, None) when there is none."""
+    items = [t for t in items if np.isfinite(t[0])]
+    return max(items) if items else (float("nan"), None)
+
+
+def _mean(values):
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], float)
+    return float(v.mean()) if len(v) else float("nan")
+
+
+def summarise(dataset, dom, models):
+    """Printed tables and the summary dict (targets) of one domain."""
+    runs = dom["runs"]
+    names = []
+    for r in runs:
+        for split in ("val", "test"):
+            for n in (r[split] or {"scores": {}})["scores"]:
+                if n not in names:
+                    names.append(n)
+    lines = [f"\n## {dataset}: {dom['note']}",
+             f"validation: {dom['val_classes']} training classes carved out; failure AUROC on validation "
+             "(the choice) | on test (the check)"]
+    head = "| score | " + " | ".join(f"{m} val | {m} test" for m in models) + " |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for n in names:
+        cells = []
+        for m in models:
+            cells += [_cell(_values(runs, m, "val", n, "auroc_fail")), _cell(_values(runs, m, "test", n, "auroc_fail"))]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "test: AURC (lower is better) / E-AURC / AUROC clean vs degraded (mean of blur, noise, occlusion)"]
+    head = "| score | " + " | ".join(f"{m} AURC | {m} E-AURC | {m} degraded" for m in models) + " |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for n in names:
+        cells = []
+        for m in models:
+            cells += [_cell(_values(runs, m, "test", n, "aurc")), _cell(_values(runs, m, "test", n, "e_aurc")),
+                      _cell(_values(runs, m, "test", n, "auroc_degraded"))]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    r1 = {m: _mean([r["test"]["r1"] for r in runs if r["model"] == m and r["test"] is not None]) for m in models}
+    lines.append("test R@1: " + ", ".join(f"{m} {100 * v:.1f}" for m, v in r1.items()))
+    # targets
+    ball = [m for m in models if m.startswith("ball")]
+    sphere = [m for m in models if m.startswith("sphere")]
+    summary = {"r1": r1}
+    for split in ("val", "test"):
+        mean = {(m, n): _mean(_values(runs, m, split, n, "auroc_fail")) for m in models for n in names}
+        best_radius = _best((mean[(m, "radius")], m) for m in ball)
+        best_sphere_d1 = _best((mean[(m, "top1_dist")], m) for m in sphere)
+        best_single = _best((mean[(m, n)], m, n) for m in models for n in SINGLE if (m, n) in mean)
+        best_public = _best((mean[(m, PUBLIC)], m) for m in models)
+        per_model = {m: mean[(m, PUBLIC)] - _best((mean[(m, n)],) for n in SINGLE if (m, n) in mean)[0]
+                     for m in models}
+        known_a = np.isfinite(best_radius[0]) and np.isfinite(best_sphere_d1[0])
+        known_b = np.isfinite(best_public[0]) and np.isfinite(best_single[0])
+        summary[split] = {
+            "best_radius": best_radius, "best_sphere_top1_dist": best_sphere_d1, "best_single": best_single,
+            "best_public": best_public, "public_minus_best_single_same_model": per_model,
+            "target_a": bool(best_radius[0] >= best_sphere_d1[0]) if known_a else None,
+            "target_b": bool(best_public[0] - best_single[0] >= 0.02) if known_b else None,
+            "target_b_every_model": bool(all(v >= 0.02 for v in per_model.values())) if known_b else None,
+            "auroc_fail": {f"{m}/{n}": v for (m, n), v in mean.items()},
+        }
+        s = summary[split]
+        verdict = {True: "met", False: "NOT met", None: "not measurable"}
+        lines.append(
+            f"{split}: (a) best ball radius {best_radius[0]:.3f} ({best_radius[1]}) vs best sphere top-1 distance "
+            f"{best_sphere_d1[0]:.3f} ({best_sphere_d1[1]}): {verdict[s['target_a']]}; "
+            f"(b) best {PUBLIC} {best_public[0]:.3f} ({best_public[1]}) vs best single score {best_single[0]:.3f} "
+            f"({' '.join(map(str, best_single[1:]))}): {best_public[0] - best_single[0]:+.3f} "
+            f"({verdict[s['target_b']]}); same model, {PUBLIC} minus its best single score: "
+            + ", ".join(f"{m} {v:+.3f}" for m, v in per_model.items()))
+    val_rank = sorted(((_mean([mean_v for m in models for mean_v in [_mean(_values(runs, m, 'val', n, 'auroc_fail'))]
+                                if np.isfinite(mean_v)]), n) for n in names), reverse=True)
+    lines.append("validation ranking (failure AUROC, mean over models): "
+                 + ", ".join(f"{n} {v:.3f}" for v, n in val_rank[:8]))
+    summary["val_ranking"] = [(n, v) for v, n in val_rank]
+    return "\n".join(lines), summary
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 seed, 200 steps (under 3 min with cached banks)")
+    p.add_argument("--datasets", default="glyphs,icons",
+                   help=f"comma-separated, any of {qc.BANK_DATASETS} (default glyphs,icons)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
+    p.add_argument("--val-seeds", default="0",
+                   help="seeds that also train on the validation carve ('all': every seed; default 0)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 200)")
+    p.add_argument("--backbone", default="tf_efficientnet_lite0")
+    p.add_argument("--max-classes", type=int, default=None, help="first classes of every split only (smoke runs)")
+    p.add_argument("--splits", default="val,test",
+                   help="val: train on the carve, score the validation classes; test: train on all training "
+                        "classes, score the test classes (default both)")
+    p.add_argument("--val-classes", type=int, default=32, help="training classes carved out for validation")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--no-cache", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    bad = [m for m in models if m not in MODELS] + [d for d in datasets if d not in qc.BANK_DATASETS]
+    if bad:
+        raise SystemExit(f"unknown model(s) or dataset(s) {bad}; models: {MODELS}, datasets: {qc.BANK_DATASETS}")
+    seeds = (0,) if a.quick and a.seeds is None else tuple(int(s) for s in (a.seeds or "0,1,2").split(","))
+    steps = a.steps if a.steps is not None else (200 if a.quick else 600)
+    splits = tuple(x.strip() for x in a.splits.split(",") if x.strip())
+    if not splits or set(splits) - {"val", "test"}:
+        raise SystemExit(f"--splits must name val and/or test, got {a.splits!r}")
+    val_seeds = None if a.val_seeds == "all" else tuple(int(s) for s in a.val_seeds.split(","))
+    cfg = qc.BenchConfig(backbone=a.backbone, trainable="head", steps=steps, batch_size=256, samples_per_class=4,
+                         lr_head=1e-3, seeds=seeds, threads=a.threads)
+    if a.cache_dir:
+        cfg.cache_dir = a.cache_dir
+    qc.set_threads(cfg.threads)
+    t0 = time.perf_counter()
+    print(f"# bench/uncertainty.py {'--quick ' if a.quick else ''}(failure prediction and degraded inputs)")
+    print(f"budget: {cfg.describe()}")
+    print(f"machine: {qc.machine_line()}")
+    results = {"config": qc.config_dict(cfg), "models": models, "domains": {}, "summary": {}}
+    for dataset in datasets:
+        try:
+            dom = run_domain(cfg, dataset, models, seeds, steps, num_val_classes=a.val_classes,
+                             max_classes=a.max_classes, use_cache=not a.no_cache, val_seeds=val_seeds,
+                             splits=splits)
+        except FileNotFoundError as err:
+            print(f"[{dataset}] skipped: {err}")
+            continue
+        text, summary = summarise(dataset, dom, models)
+        print(text, flush=True)
+        results["domains"][dataset] = dom
+        results["summary"][dataset] = summary
+    results["wall_seconds"] = time.perf_counter() - t0
+    print(f"\n# {results['wall_seconds']:.0f} s wall; {qc.machine_line()}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
