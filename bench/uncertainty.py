@@ -206,6 +206,16 @@ def candidate_scores(dist, labels, radius=None):
         for p in (1, 4, 16):
             w = (d1[:, None].clamp_min(tiny) / d[:, :kk].clamp_min(tiny)) ** p
             out[f"vote@{kk},p{p}"] = 1 - (w * same[:, :kk]).sum(1) / w.sum(1)
+    if "ratio" in out:  # sums of the vote (labels) with the ratio (distances) and the radius (gallery-free)
+        for p in (1, 4):
+            vote = out.get(f"vote@10,p{p}")
+            if vote is None:
+                continue
+            out[f"vote@10,p{p}+ratio"] = vote + out["ratio"]
+            if radius is not None:
+                for beta in (0.25, 0.5, 1.0):
+                    out[f"vote@10,p{p}+{beta:g}·radius"] = vote + beta * radius.double()
+                    out[f"vote@10,p{p}+ratio+{beta:g}·radius"] = vote + out["ratio"] + beta * radius.double()
     if radius is not None:
         out["radius"] = radius.double()
     return {name: v.numpy() for name, v in out.items()}
@@ -237,38 +247,51 @@ def aurc(wrong, score):
     return value, value - optimal
 
 
-def score_model(head, geometry, query_feats, query_labels, gallery_feats, gallery_labels, degraded=None):
-    """Every score's failure AUROC, AURC, E-AURC and clean-vs-degraded AUROC for one trained model."""
-    from pml_hyperbolic.evaluation import retrieval_uncertainty
-    from pml_hyperbolic.uncertainty import hyperbolic_uncertainty
-
+def embed_model(head, geometry, query_feats, query_labels, gallery_feats, gallery_labels, degraded=None):
+    """The embeddings one trained model gives the queries, the gallery (None: leave-one-out) and the
+    degraded queries: everything :func:`score_embeddings` needs (and what ``--dump-dir`` stores)."""
     from bench.radius import embed
 
-    c = None if geometry is None else float(geometry.curvature())
-    q = embed(head, query_feats)
-    loo = gallery_feats is None
-    g, gl = (q, query_labels) if loo else (embed(head, gallery_feats), gallery_labels)
+    return {"q": embed(head, query_feats), "ql": query_labels,
+            "g": None if gallery_feats is None else embed(head, gallery_feats), "gl": gallery_labels,
+            "degraded": None if degraded is None else {kind: embed(head, f) for kind, f in degraded.items()},
+            "c": None if geometry is None else float(geometry.curvature()),
+            "clip_r": None if geometry is None else float(geometry.clip_r)}
 
-    def scores_of(points):
-        dist, idx = neighbours(points, g, c, leave_one_out=loo and points is q)
+
+def score_embeddings(e):
+    """Every score's failure AUROC, AURC, E-AURC and clean-vs-degraded AUROC from one model's embeddings."""
+    from pml_hyperbolic.evaluation import retrieval_uncertainty
+    from pml_hyperbolic.geometry import PoincareGeometry
+    from pml_hyperbolic.uncertainty import hyperbolic_uncertainty
+
+    c = e["c"]
+    geometry = None if c is None else PoincareGeometry(c=c, clip="hard", clip_r=e["clip_r"])
+    q, ql = e["q"], e["ql"]
+    loo = e["g"] is None
+    g, gl = (q, ql) if loo else (e["g"], e["gl"])
+
+    def scores_of(points, self_excluded):
+        dist, idx = neighbours(points, g, c, leave_one_out=self_excluded)
         radius = None if geometry is None else hyperbolic_uncertainty(points, c=geometry)
         s = candidate_scores(dist, gl[idx], radius)
-        if not (loo and points is q):
-            s[PUBLIC] = retrieval_uncertainty(points, g, gl, c=geometry if geometry is not None else None).double().numpy()
+        if self_excluded:  # leave-one-out: the public function has no self-exclusion; its formula from the table
+            s[PUBLIC] = s[_PUBLIC_CANDIDATE]
+        else:
+            s[PUBLIC] = retrieval_uncertainty(points, g, gl, c=geometry).double().numpy()
         return s, gl[idx[:, 0]]
 
-    s, top1_label = scores_of(q)
-    if loo:  # leave-one-out: the public function has no self-exclusion; its formula read from the table
-        s[PUBLIC] = s[_PUBLIC_CANDIDATE]
-    wrong = (top1_label != query_labels).numpy()
+    s, top1_label = scores_of(q, loo)
+    wrong = (top1_label != ql).numpy()
     res = {"r1": float(1 - wrong.mean()), "scores": {}}
     for name, v in s.items():
-        a, e = aurc(wrong, v)
-        res["scores"][name] = {"auroc_fail": auroc(wrong, v), "aurc": a, "e_aurc": e}
-    if degraded is not None and not loo:
-        for kind, feats in degraded.items():
-            sd, _ = scores_of(embed(head, feats))
-            is_deg = np.r_[np.zeros(len(wrong), bool), np.ones(len(feats), bool)]
+        a, ea = aurc(wrong, v)
+        res["scores"][name] = {"auroc_fail": auroc(wrong, v), "aurc": a, "e_aurc": ea}
+    degraded = e.get("degraded")
+    if degraded and not loo:
+        for kind, points in degraded.items():
+            sd, _ = scores_of(points, False)
+            is_deg = np.r_[np.zeros(len(wrong), bool), np.ones(len(points), bool)]
             for name in s:
                 res["scores"][name][f"auroc_{kind}"] = auroc(is_deg, np.r_[s[name], sd[name]])
         for name in s:
@@ -291,7 +314,7 @@ def train_model(cfg, name, train, feature_dim, seed, steps):
 
 
 def run_domain(cfg, dataset, models, seeds, steps, num_val_classes=32, max_classes=None, use_cache=True, log=print,
-               val_seeds=None, splits=("val", "test")):
+               val_seeds=None, splits=("val", "test"), dump_dir=None):
     """Validation and test results of every (model, seed) on one domain."""
     bank = qc.pooled_bank(qc.build_bank(cfg, dataset, use_cache=use_cache, log=log, max_classes=max_classes), cfg,
                           use_cache=use_cache)
@@ -307,14 +330,18 @@ def run_domain(cfg, dataset, models, seeds, steps, num_val_classes=32, max_class
             val = None
             if "val" in splits and (val_seeds is None or seed in val_seeds):
                 head, geometry = train_model(cfg, name, train_v, bank.feature_dim, seed, steps)
-                val = score_model(head, geometry, val_q.acts, val_q.labels, None if val_g is None else val_g.acts,
+                emb = embed_model(head, geometry, val_q.acts, val_q.labels, None if val_g is None else val_g.acts,
                                   None if val_g is None else val_g.labels)
+                _dump(dump_dir, dataset, "val", name, seed, emb)
+                val = score_embeddings(emb)
             test = None
             if "test" in splits:
                 head, geometry = train_model(cfg, name, bank.train, bank.feature_dim, seed, steps)
-                test = score_model(head, geometry, bank.query.acts, bank.query.labels,
-                                   None if bank.gallery is None else bank.gallery.acts,
-                                   None if bank.gallery is None else bank.gallery.labels, degraded)
+                emb = embed_model(head, geometry, bank.query.acts, bank.query.labels,
+                                  None if bank.gallery is None else bank.gallery.acts,
+                                  None if bank.gallery is None else bank.gallery.labels, degraded)
+                _dump(dump_dir, dataset, "test", name, seed, emb)
+                test = score_embeddings(emb)
             out["runs"].append({"model": name, "seed": seed, "val": val, "test": test,
                                 "seconds": time.perf_counter() - t0})
             parts = []
@@ -326,6 +353,34 @@ def run_domain(cfg, dataset, models, seeds, steps, num_val_classes=32, max_class
                                  f"{sc['top1_dist']['auroc_fail']:.3f} / {PUBLIC} {sc[PUBLIC]['auroc_fail']:.3f}")
             log(f"[{dataset}] {name} seed {seed}: " + "; ".join(parts) + f" ({time.perf_counter() - t0:.0f} s)")
     return out
+
+
+def _dump(dump_dir, dataset, split, model, seed, emb):
+    if dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        torch.save(dict(emb, dataset=dataset, split=split, model=model, seed=seed),
+                   os.path.join(dump_dir, f"{dataset}__{split}__{model}__{seed}.pt"))
+
+
+def rescore(dump_dir, datasets, models, log=print):
+    """The domains' results from the embeddings a previous run stored with ``--dump-dir``: every
+    score recomputed (the public function as the package computes it now), nothing retrained."""
+    import glob
+
+    domains = {}
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*.pt"))):
+        e = torch.load(path, map_location="cpu", weights_only=False)
+        if e["dataset"] not in datasets or e["model"] not in models:
+            continue
+        dom = domains.setdefault(e["dataset"], {"note": f"embeddings from {dump_dir}", "val_classes": None, "runs": []})
+        run = next((r for r in dom["runs"] if r["model"] == e["model"] and r["seed"] == e["seed"]), None)
+        if run is None:
+            run = {"model": e["model"], "seed": e["seed"], "val": None, "test": None, "seconds": None}
+            dom["runs"].append(run)
+        run[e["split"]] = score_embeddings(e)
+    for dom in domains.values():
+        dom["runs"].sort(key=lambda r: (models.index(r["model"]), r["seed"]))
+    return domains
 
 
 # ------------------------------------------------------------------------------------- reporting
@@ -441,6 +496,9 @@ def parse_args(argv=None):
     p.add_argument("--val-classes", type=int, default=32, help="training classes carved out for validation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--dump-dir", default=None, help="also store every model's embeddings here (for --rescore)")
+    p.add_argument("--rescore", default=None, metavar="DIR",
+                   help="train nothing: score the embeddings a run stored with --dump-dir DIR")
     p.add_argument("--no-cache", action="store_true")
     return p.parse_args(argv)
 
@@ -468,11 +526,20 @@ def main(argv=None):
     print(f"budget: {cfg.describe()}")
     print(f"machine: {qc.machine_line()}")
     results = {"config": qc.config_dict(cfg), "models": models, "domains": {}, "summary": {}}
+    stored = rescore(a.rescore, datasets, models) if a.rescore else None
     for dataset in datasets:
+        if stored is not None:
+            if dataset not in stored:
+                print(f"[{dataset}] no stored embeddings in {a.rescore}")
+                continue
+            text, summary = summarise(dataset, stored[dataset], models)
+            print(text, flush=True)
+            results["domains"][dataset], results["summary"][dataset] = stored[dataset], summary
+            continue
         try:
             dom = run_domain(cfg, dataset, models, seeds, steps, num_val_classes=a.val_classes,
                              max_classes=a.max_classes, use_cache=not a.no_cache, val_seeds=val_seeds,
-                             splits=splits)
+                             splits=splits, dump_dir=a.dump_dir)
         except FileNotFoundError as err:
             print(f"[{dataset}] skipped: {err}")
             continue
