@@ -203,7 +203,7 @@ def candidate_scores(dist, labels, radius=None):
     for kk in (10, 20):
         if kk > k:
             continue
-        for p in (1, 4, 16):
+        for p in (1, 4, 8, 16):
             w = (d1[:, None].clamp_min(tiny) / d[:, :kk].clamp_min(tiny)) ** p
             out[f"vote@{kk},p{p}"] = 1 - (w * same[:, :kk]).sum(1) / w.sum(1)
     if "ratio" in out:  # sums of the vote (labels) with the ratio (distances) and the radius (gallery-free)
@@ -275,9 +275,8 @@ def score_embeddings(e):
         dist, idx = neighbours(points, g, c, leave_one_out=self_excluded)
         radius = None if geometry is None else hyperbolic_uncertainty(points, c=geometry)
         s = candidate_scores(dist, gl[idx], radius)
-        if self_excluded:  # leave-one-out: the public function has no self-exclusion; its formula from the table
-            s[PUBLIC] = s[_PUBLIC_CANDIDATE]
-        else:
+        if not self_excluded:  # (leave-one-out: the public function has no self-exclusion; not scored)
+            s["proto_rho"] = prototype_ratio(points, g, gl, idx[:, 0], c)
             s[PUBLIC] = retrieval_uncertainty(points, g, gl, c=geometry).double().numpy()
         return s, gl[idx[:, 0]]
 
@@ -299,8 +298,16 @@ def score_embeddings(e):
     return res
 
 
-# the bench's name of the candidate the public function computes (checked against it on every run)
-_PUBLIC_CANDIDATE = "ratio"
+def prototype_ratio(q, g, gl, top1, c):
+    """ρ of :func:`retrieval_uncertainty` alone: the top-1 label's prototype distance over its sum with
+    the nearest other prototype's."""
+    from pml_hyperbolic.evaluation.retrieval_confidence import _distances, _prototypes
+
+    classes, inverse = torch.unique(gl, return_inverse=True)
+    dp = _distances(q.double(), _prototypes(g.double(), inverse, len(classes), c), c)
+    pos = inverse[top1][:, None]
+    own, rival = dp.gather(1, pos)[:, 0], dp.scatter(1, pos, float("inf")).min(1).values
+    return (own / (own + rival)).numpy()
 
 
 # -------------------------------------------------------------------------------------- running
@@ -480,7 +487,8 @@ def summarise(dataset, dom, models):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1 seed, 200 steps (under 3 min with cached banks)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed, 200 steps, test split only (no validation training; banks cached: a few minutes)")
     p.add_argument("--datasets", default="glyphs,icons",
                    help=f"comma-separated, any of {qc.BANK_DATASETS} (default glyphs,icons)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
@@ -490,9 +498,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 200)")
     p.add_argument("--backbone", default="tf_efficientnet_lite0")
     p.add_argument("--max-classes", type=int, default=None, help="first classes of every split only (smoke runs)")
-    p.add_argument("--splits", default="val,test",
+    p.add_argument("--splits", default=None,
                    help="val: train on the carve, score the validation classes; test: train on all training "
-                        "classes, score the test classes (default both)")
+                        "classes, score the test classes (default val,test; --quick: test)")
     p.add_argument("--val-classes", type=int, default=32, help="training classes carved out for validation")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache-dir", default=None)
@@ -512,7 +520,7 @@ def main(argv=None):
         raise SystemExit(f"unknown model(s) or dataset(s) {bad}; models: {MODELS}, datasets: {qc.BANK_DATASETS}")
     seeds = (0,) if a.quick and a.seeds is None else tuple(int(s) for s in (a.seeds or "0,1,2").split(","))
     steps = a.steps if a.steps is not None else (200 if a.quick else 600)
-    splits = tuple(x.strip() for x in a.splits.split(",") if x.strip())
+    splits = tuple(x.strip() for x in (a.splits or ("test" if a.quick else "val,test")).split(",") if x.strip())
     if not splits or set(splits) - {"val", "test"}:
         raise SystemExit(f"--splits must name val and/or test, got {a.splits!r}")
     val_seeds = None if a.val_seeds == "all" else tuple(int(s) for s in a.val_seeds.split(","))

@@ -29,9 +29,10 @@ def test_aurc_reference_values():
     assert excess == pytest.approx(value - 5 / 24)
 
 
-def test_candidate_ratio_is_the_public_function():
+def test_public_function_is_the_vote_plus_the_prototype_term():
     from pml_hyperbolic import poincare_ball as pb
     from pml_hyperbolic.evaluation import retrieval_uncertainty
+    from pml_hyperbolic.evaluation.retrieval_confidence import PROTOTYPE_WEIGHT
 
     gen = torch.Generator().manual_seed(0)
     q = pb.expmap0(torch.randn(30, 4, generator=gen, dtype=torch.float64), 0.1)
@@ -39,8 +40,9 @@ def test_candidate_ratio_is_the_public_function():
     y = torch.arange(80) % 5
     dist, idx = bu.neighbours(q, g, 0.1)
     scores = bu.candidate_scores(dist, y[idx])
-    np.testing.assert_allclose(scores[bu._PUBLIC_CANDIDATE], retrieval_uncertainty(q, g, y, c=0.1).numpy(),
-                               rtol=1e-9)
+    rho = bu.prototype_ratio(q, g, y, idx[:, 0], 0.1)
+    expected = (scores["vote@20,p8"] + PROTOTYPE_WEIGHT * rho) / (1 + PROTOTYPE_WEIGHT)
+    np.testing.assert_allclose(retrieval_uncertainty(q, g, y, c=0.1).numpy(), expected, rtol=1e-9)
     assert scores["top1_dist"] == pytest.approx(dist[:, 0].numpy())
     assert ((scores["agree@10"] >= 0) & (scores["agree@10"] <= 1)).all()
 

@@ -1,29 +1,33 @@
-r"""A per-query uncertainty that reads the search result: the class-level distance ratio.
+r"""A per-query uncertainty that reads the search result: a soft kNN vote and the class prototypes.
 
 The radius (:func:`pml_hyperbolic.uncertainty.hyperbolic_uncertainty`) needs no gallery, but once a
-query has been searched the neighbours say more about whether its top-1 label is right: how close
-the nearest item is, and how much closer it is than the nearest item of *another* label.
-:func:`retrieval_uncertainty` is that second quantity, a class-level form of Lowe's ratio test:
+query has been searched, the gallery says more about whether its top-1 label is right: do the
+nearest items agree with the top-1 item, and is the query nearer the top-1 label's class as a whole
+than any other class? :func:`retrieval_uncertainty` adds the two answers:
 
 .. math::
 
-    u(q) = \frac{d(q, g_{(1)})}{d_{\mathrm{rival}}(q)}, \qquad
-    d_{\mathrm{rival}}(q) = \min\{\, d(q, g_{(i)}) : i \le k,\ y_{(i)} \ne y_{(1)} \,\}
+    u(q) = \frac{v(q) + a\,\rho(q)}{1 + a} \in [0, 1], \qquad
+    v(q) = 1 - \frac{\sum_{i \le k,\ y_{(i)} = y_{(1)}} w_i}{\sum_{i \le k} w_i},\quad
+    w_i = \Big(\frac{d_{(1)}}{d_{(i)}}\Big)^{p}, \qquad
+    \rho(q) = \frac{d(q, P_{y_{(1)}})}{d(q, P_{y_{(1)}}) + \min_{y \ne y_{(1)}} d(q, P_y)}
 
-where :math:`g_{(1)}, \dots, g_{(k)}` are the k nearest gallery items in ascending distance and
-:math:`y_{(i)}` their labels; when all k share the top-1 label, :math:`d_{\mathrm{rival}} = d(q,
-g_{(k)})` (a lower bound of the true rival distance: the score is then an upper bound, so the
-error is on the cautious side). Without labels the rival is the second neighbour,
-:math:`u = d_{(1)} / d_{(2)}`. u lies in [0, 1]: 0 = the top-1 item is at distance 0 and no rival
-is, 1 = a rival label is as close as the top-1 item (a tie). It is a no-grad evaluation function:
-it runs under ``torch.no_grad()`` and returns a tensor without a graph.
+with :math:`d_{(1)} \le \dots \le d_{(k)}` the distances of the k nearest gallery items and
+:math:`y_{(i)}` their labels; v is a soft vote against the top-1 label (0 when the k nearest all
+share it), weighted by how near each neighbour is relative to the nearest; :math:`P_y` is the
+prototype of class y in the gallery (the mean of its items: in the tangent space at the origin,
+mapped back with ``expmap0``, for the ball; the normalised mean direction on the sphere), and ρ the
+share of the top-1 class's prototype distance in the sum with the nearest other prototype (½: the
+query lies as near another class as the top-1 class). Constants: k = 20, p = 8
+(:data:`VOTE_POWER`), a = 4 (:data:`PROTOTYPE_WEIGHT`). Larger = more uncertain.
 
-Why a ratio: it needs no temperature and no threshold (it is invariant to scaling every distance),
-so one formula serves the ball and the sphere, and it carries the two things a wrong top-1 shows:
-a far nearest item (a query unlike the gallery) and a near rival (a query between two classes).
-The form (and ``k``) were chosen on validation classes carved out of the training classes of every
-development domain, against the top-1 distance, the top-1/top-2 gap, the top-k label agreement,
-soft kNN votes and sums with the radius.
+Why these two: the vote is what a kNN classifier knows (a query between two classes draws
+neighbours of both), the prototypes average the noise of single gallery items away and also see a
+query far from every class; both are ratios of distances, so the score needs no temperature and
+serves the ball and the sphere alike. The form and the constants were chosen on validation classes
+carved out of the training classes of every development domain, against the radius, the top-1
+distance, the top-1/top-2 gap, the top-k label agreement, distance ratios and sums with the radius
+(the figures: the design note). It is an evaluation function: no gradient.
 
 Design note: docs/design/uncertainty.md
 """
@@ -35,151 +39,159 @@ import torch
 
 from .. import poincare_ball as pb
 
-__all__ = ["retrieval_uncertainty"]
+__all__ = ["retrieval_uncertainty", "VOTE_POWER", "PROTOTYPE_WEIGHT", "DEFAULT_K"]
 
-_FROM_INDEX = object()  # the default of ``c``: required with a gallery tensor, the index's own with an index
-_ROWS_PER_BLOCK = 1024  # queries per block of the brute-force search (memory: block × gallery distances)
+#: p, the power of the vote's weights (d₁/dᵢ)^p: how fast a farther neighbour's vote fades
+VOTE_POWER = 8
+#: a, the weight of the prototype term ρ beside the vote v
+PROTOTYPE_WEIGHT = 4.0
+#: k, the neighbours that vote
+DEFAULT_K = 20
+
+_UNSET = object()  # the default of ``c``: required without an index, the index's own with one
+_ROWS_PER_BLOCK = 1024  # queries per block (memory: block × gallery distances)
 
 
-def _is_index(obj) -> bool:
-    from .hyperbolic_index import HyperbolicIndex
-
-    return isinstance(obj, HyperbolicIndex)
-
-
-def _curvature_or_none(c, name="c"):
+def _curvature_or_none(c):
     if c is None:
         return None
     try:
         return float(pb.as_curvature(c, torch.float64).detach())
     except (TypeError, ValueError) as err:
-        raise type(err)(f"{name}: {err} (pass a curvature > 0, a PoincareGeometry, or None for the cosine "
+        raise type(err)(f"c: {err} (pass a curvature > 0, a PoincareGeometry, or None for the cosine "
                         "distance of a spherical model)") from None
 
 
-def _search_tensor(q: torch.Tensor, g: torch.Tensor, c: float | None, k: int):
-    """(M, k) ascending float64 distances and indices by brute force, block by block."""
-    g64 = g.detach().to(torch.float64)
+def _distances(q: torch.Tensor, points: torch.Tensor, c: float | None) -> torch.Tensor:
+    """(M, N) float64 distances: geodesic in the ball (inputs projected), 1 − cos for c=None."""
     if c is None:
-        g64 = torch.nn.functional.normalize(g64, dim=1)
-    else:
-        g64 = pb.project(g64, c)
-    dists, idxs = [], []
-    for start in range(0, q.shape[0], _ROWS_PER_BLOCK):
-        block = q[start:start + _ROWS_PER_BLOCK].detach().to(torch.float64)
-        if c is None:
-            d = (1.0 - torch.nn.functional.normalize(block, dim=1) @ g64.T).clamp_min(0.0)
-        else:
-            d = pb.pairwise_dist(pb.project(block, c), g64, c)
-        top = torch.topk(d, k, dim=1, largest=False, sorted=True)
-        dists.append(top.values)
-        idxs.append(top.indices)
-    return torch.cat(dists), torch.cat(idxs)
+        return (1.0 - torch.nn.functional.normalize(q, dim=1) @ torch.nn.functional.normalize(points, dim=1).T
+                ).clamp_min(0.0)
+    return pb.pairwise_dist(pb.project(q, c), pb.project(points, c), c)
+
+
+def _prototypes(g: torch.Tensor, inverse: torch.Tensor, n_classes: int, c: float | None) -> torch.Tensor:
+    """(C, D) class means: of the unit directions (sphere), or in the tangent space at the origin (ball)."""
+    x = torch.nn.functional.normalize(g, dim=1) if c is None else pb.logmap0(pb.project(g, c), c)
+    sums = torch.zeros(n_classes, g.shape[1], dtype=g.dtype, device=g.device).index_add_(0, inverse, x)
+    counts = torch.bincount(inverse, minlength=n_classes).to(g.dtype)[:, None]
+    means = sums / counts
+    return torch.nn.functional.normalize(means, dim=1) if c is None else pb.expmap0(means, c)
+
+
+def _check_embeddings(x, name: str) -> None:
+    pb.check_tensor(x, name)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D tensor, got shape {tuple(x.shape)}")
+    pb.check_finite(x, name)
 
 
 @torch.no_grad()
-def retrieval_uncertainty(query_embeddings: torch.Tensor, gallery, gallery_labels: torch.Tensor | None = None,
-                          *, c=_FROM_INDEX, k: int = 10) -> torch.Tensor:
-    r"""Per-query uncertainty (M,) of a retrieval's top-1 label: the class-level distance ratio.
+def retrieval_uncertainty(query_embeddings: torch.Tensor, gallery_embeddings: torch.Tensor,
+                          gallery_labels: torch.Tensor, *, c=_UNSET, k: int = DEFAULT_K,
+                          index=None) -> torch.Tensor:
+    r"""Per-query uncertainty (M,) of a retrieval's top-1 label: soft kNN vote + class prototypes.
 
     .. math::
 
-        u(q) = d(q, g_{(1)}) \,/\, d_{\mathrm{rival}}(q) \in [0, 1]
+        u(q) = \frac{v(q) + a\,\rho(q)}{1 + a}, \quad
+        v = 1 - \frac{\sum_{i \le k:\, y_{(i)} = y_{(1)}} (d_{(1)}/d_{(i)})^p}{\sum_{i \le k} (d_{(1)}/d_{(i)})^p},
+        \quad \rho = \frac{d(q, P_{y_{(1)}})}{d(q, P_{y_{(1)}}) + \min_{y \ne y_{(1)}} d(q, P_y)}
 
-    with :math:`d_{\mathrm{rival}}` the distance to the nearest of the k nearest gallery items whose
-    label differs from the top-1 item's (:math:`d(q, g_{(k)})` when none of them does; the second
-    neighbour when ``gallery_labels`` is ``None``). :math:`0/0` (the top-1 item and the rival both
-    at distance 0) is 1 when a rival label sits at distance 0, else 0. Larger = more uncertain.
-    Distances: the exact geodesic distance of the Poincaré ball of curvature −c, or, with
-    ``c=None``, the cosine distance 1 − cos (the embeddings of a spherical model, L2-normalised
-    here). Evaluation only: computed without gradient.
+    (module docstring: the terms, p = :data:`VOTE_POWER`, a = :data:`PROTOTYPE_WEIGHT`). u lies in
+    [0, 1]; larger = more uncertain. Distances: the exact geodesic distance of the Poincaré ball of
+    curvature −c, or, with ``c=None``, the cosine distance 1 − cos (a spherical model's
+    embeddings, L2-normalised here). A weight 0/0 (the top-1 item and neighbour i both at distance
+    0) counts 1; ρ's 0/0 (the query on two prototypes) counts ½. Computed without gradient.
 
     Args:
         query_embeddings: (M, D) floating-point query embeddings (ball points, or any vectors with
             ``c=None``).
-        gallery: the (N, D) gallery embeddings, or a
-            :class:`~pml_hyperbolic.evaluation.HyperbolicIndex` holding them (searched with its
-            own curvature; exact for ``kind="flat"``).
-        gallery_labels: (N,) integer labels of the gallery items, or ``None`` (label-free: the
-            rival is the second neighbour).
-        c: with a gallery tensor, required: a curvature > 0 (float, 0-d tensor, hypll curvature or
-            :class:`~pml_hyperbolic.geometry.PoincareGeometry`) for the ball, or ``None`` for the
-            cosine distance. With an index: omit it, or pass the index's curvature.
-        k: neighbours searched for a rival label, an int >= 2 (default 10); a gallery of fewer
-            items is searched whole.
+        gallery_embeddings: (N, D) floating-point gallery embeddings (the prototypes are their
+            class means).
+        gallery_labels: (N,) integer labels of the gallery items, at least two distinct ones.
+        c: a curvature > 0 (float, 0-d tensor, hypll curvature or
+            :class:`~pml_hyperbolic.geometry.PoincareGeometry`) for ball embeddings, or ``None`` for
+            the cosine distance. Required without ``index``; with one, omit it or pass its curvature.
+        k: neighbours that vote, an int >= 2 (default 20); a gallery of fewer items votes whole.
+        index: optional :class:`~pml_hyperbolic.evaluation.HyperbolicIndex` holding exactly
+            ``gallery_embeddings`` (in order): the k nearest items then come from it (for large
+            galleries) instead of a brute-force scan.
 
     Returns:
         (M,) float32 tensor (float64 for float64 queries) in [0, 1], on the query's device.
 
     Raises:
-        TypeError: ``query_embeddings`` or a gallery tensor is not a floating-point tensor,
-            ``gallery`` is neither a tensor nor a ``HyperbolicIndex``, ``gallery_labels`` is not an
-            integer tensor, ``k`` is not an int, or ``c`` is of no curvature type.
-        ValueError: embeddings not 2-D, of different widths, empty, or holding NaN/Inf; a gallery
-            of fewer than 2 items; labels not (N,); ``k`` < 2; ``c`` missing with a gallery tensor,
-            invalid, or different from an index's curvature.
+        TypeError: an embedding tensor that is not floating-point, labels that are not an integer
+            tensor, ``k`` not an int, ``index`` not a ``HyperbolicIndex``, or ``c`` of no
+            curvature type.
+        ValueError: embeddings not 2-D, empty, of different widths, or holding NaN/Inf; labels not
+            (N,) or all equal; ``k`` < 2; ``c`` missing without an index, invalid, or different
+            from the index's curvature; an index whose size differs from the gallery's.
     """
-    pb.check_tensor(query_embeddings, "query_embeddings")
-    if query_embeddings.ndim != 2 or query_embeddings.shape[0] == 0:
-        raise ValueError(f"query_embeddings must be a non-empty 2-D (M, D) tensor, got shape "
-                         f"{tuple(query_embeddings.shape)}")
-    pb.check_finite(query_embeddings, "query_embeddings")
-    if _is_index(gallery):
-        n, dim = gallery.ntotal, gallery._dim
-        if n == 0:
-            raise ValueError("gallery: the HyperbolicIndex is empty; add() the gallery embeddings first")
-        if c is not _FROM_INDEX:
-            given = _curvature_or_none(c)
-            if given is None or abs(given - gallery.c) > 1e-12 * max(1.0, gallery.c):
-                raise ValueError(f"c={given!r} differs from the index's curvature {gallery.c!r}; omit c with an index")
-        c_value = gallery.c
-    elif isinstance(gallery, torch.Tensor):
-        pb.check_tensor(gallery, "gallery")
-        if gallery.ndim != 2 or gallery.shape[0] == 0:
-            raise ValueError(f"gallery must be a non-empty 2-D (N, D) tensor, got shape {tuple(gallery.shape)}")
-        pb.check_finite(gallery, "gallery")
-        if c is _FROM_INDEX:
-            raise ValueError("c is required with a gallery tensor: a curvature > 0 (or the model's "
-                             "PoincareGeometry) for ball embeddings, or c=None for the cosine distance")
-        c_value = _curvature_or_none(c)
-        n, dim = gallery.shape
-    else:
-        raise TypeError(f"gallery must be a (N, D) tensor or a HyperbolicIndex, got {type(gallery).__name__}")
+    _check_embeddings(query_embeddings, "query_embeddings")
+    _check_embeddings(gallery_embeddings, "gallery_embeddings")
+    n, dim = gallery_embeddings.shape
     if query_embeddings.shape[1] != dim:
-        raise ValueError(f"query_embeddings have {query_embeddings.shape[1]} dimensions, the gallery {dim}")
+        raise ValueError(f"query_embeddings have {query_embeddings.shape[1]} dimensions, gallery_embeddings {dim}")
+    if not isinstance(gallery_labels, torch.Tensor) or gallery_labels.dtype.is_floating_point \
+            or gallery_labels.dtype.is_complex or gallery_labels.dtype == torch.bool:
+        raise TypeError("gallery_labels must be an integer tensor (N,), got "
+                        f"{getattr(gallery_labels, 'dtype', type(gallery_labels).__name__)}")
+    if gallery_labels.shape != (n,):
+        raise ValueError(f"gallery_labels must have shape ({n},) (one per gallery item), got "
+                         f"{tuple(gallery_labels.shape)}")
     if isinstance(k, bool) or not isinstance(k, Integral):
         raise TypeError(f"k must be an int >= 2, got {type(k).__name__} {k!r}")
     if k < 2:
         raise ValueError(f"k must be >= 2 (the top-1 item and at least one more), got {k}")
-    if n < 2:
-        raise ValueError(f"the gallery must hold at least 2 items (a top-1 item and a rival), got {n}")
-    k = min(int(k), n)
-    if gallery_labels is not None:
-        if not isinstance(gallery_labels, torch.Tensor) or gallery_labels.dtype.is_floating_point \
-                or gallery_labels.dtype.is_complex or gallery_labels.dtype == torch.bool:
-            raise TypeError("gallery_labels must be an integer tensor (N,) or None, got "
-                            f"{getattr(gallery_labels, 'dtype', type(gallery_labels).__name__)}")
-        if gallery_labels.shape != (n,):
-            raise ValueError(f"gallery_labels must have shape ({n},) (one per gallery item), got "
-                             f"{tuple(gallery_labels.shape)}")
+    if index is not None:
+        from .hyperbolic_index import HyperbolicIndex
 
-    if _is_index(gallery):
-        dist, idx = gallery.search(query_embeddings.detach(), k)
-        dist = dist.to(torch.float64)
+        if not isinstance(index, HyperbolicIndex):
+            raise TypeError(f"index must be None or a HyperbolicIndex, got {type(index).__name__}")
+        if index.ntotal != n:
+            raise ValueError(f"index holds {index.ntotal} items, gallery_embeddings {n}: add() exactly the "
+                             "gallery embeddings, in order")
+        if c is not _UNSET:
+            given = _curvature_or_none(c)
+            if given is None or abs(given - index.c) > 1e-12 * max(1.0, index.c):
+                raise ValueError(f"c={given!r} differs from the index's curvature {index.c!r}; omit c with an index")
+        c_value = index.c
+    elif c is _UNSET:
+        raise ValueError("c is required (without an index): a curvature > 0 (or the model's PoincareGeometry) "
+                         "for ball embeddings, or c=None for the cosine distance")
     else:
-        dist, idx = _search_tensor(query_embeddings, gallery, c_value, k)
-    dist = dist.clamp_min(0.0)
-    d1 = dist[:, 0]
-    if gallery_labels is None:
-        rival = dist[:, 1]
-        has_rival = torch.ones_like(d1, dtype=torch.bool)
-    else:
-        labels = gallery_labels.to(idx.device)[idx]
-        other = labels != labels[:, :1]
-        has_rival = other.any(1)
-        first = torch.where(other, torch.arange(k, device=idx.device).expand_as(idx), torch.full_like(idx, k - 1))
-        rival = dist.gather(1, first.min(1, keepdim=True).values)[:, 0]
-    ratio = torch.where(rival > 0, d1 / rival.clamp_min(torch.finfo(torch.float64).tiny),
-                        has_rival.to(torch.float64))
+        c_value = _curvature_or_none(c)
+    classes, inverse = torch.unique(gallery_labels, return_inverse=True)
+    if len(classes) < 2:
+        raise ValueError("gallery_labels must hold at least 2 distinct labels (with one, no top-1 label can be wrong)")
+    k = min(int(k), n)
+
+    device = gallery_embeddings.device
+    g = gallery_embeddings.detach().to(torch.float64)
+    inverse = inverse.to(device)
+    protos = _prototypes(g, inverse, len(classes), c_value)
+    tiny = torch.finfo(torch.float64).tiny
+    out = []
+    for start in range(0, query_embeddings.shape[0], _ROWS_PER_BLOCK):
+        q = query_embeddings[start:start + _ROWS_PER_BLOCK].detach().to(device=device, dtype=torch.float64)
+        if index is not None:
+            dist, idx = index.search(q, k)
+            dist, idx = dist.to(device=device, dtype=torch.float64), idx.to(device)
+        else:
+            dist, idx = torch.topk(_distances(q, g, c_value), k, dim=1, largest=False, sorted=True)
+        dist = dist.clamp_min(0.0)
+        lab = inverse[idx]
+        top = lab[:, 0]
+        d1 = dist[:, :1]
+        weight = torch.where(dist > d1, (d1 / dist.clamp_min(tiny)) ** VOTE_POWER, torch.ones_like(dist))
+        vote = 1.0 - (weight * (lab == top[:, None])).sum(1) / weight.sum(1)
+        dp = _distances(q, protos, c_value)
+        own = dp.gather(1, top[:, None])[:, 0]
+        rival = dp.scatter(1, top[:, None], float("inf")).min(1).values
+        total = own + rival
+        rho = torch.where(total > 0, own / total.clamp_min(tiny), torch.full_like(own, 0.5))
+        out.append(((vote + PROTOTYPE_WEIGHT * rho) / (1.0 + PROTOTYPE_WEIGHT)).clamp(0.0, 1.0))
     out_dtype = torch.float64 if query_embeddings.dtype == torch.float64 else torch.float32
-    return ratio.clamp(0.0, 1.0).to(device=query_embeddings.device, dtype=out_dtype)
+    return torch.cat(out).to(device=query_embeddings.device, dtype=out_dtype)
