@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Which per-query score predicts a wrong top-1 best: the radius, the kNN's own confidence, or both?
 
-    python -m bench uncertainty                 # 3 seeds, 600 steps, every domain of --datasets
-    python -m bench uncertainty --quick         # 1 seed, 200 steps (banks cached: under 3 min on 2 cores)
+    python -m bench uncertainty                 # 3 seeds, 600 steps, validation (seed 0) and test
+    python -m bench uncertainty --quick         # 1 seed, 200 steps, test split only
     python -m bench uncertainty --datasets glyphs,icons --seeds 0,1,2 --models ball_ms,sphere_supcon
+    python -m bench uncertainty --dump-dir D    # also store every model's embeddings in D ...
+    python -m bench uncertainty --rescore D     # ... and score them again without training
 
 Protocol (the held-out benchmark's public defaults, at a CPU budget): frozen ImageNet
 EfficientNet-Lite0 features (``--backbone tf_efficientnet_lite0``, 64 px, pooled 1280-d; only the
-128-d head trains), batch 256 = 64 classes × 4, AdamW lr 1e-3 (wd 0.01, grad clip 3), 600 steps. Models:
+128-d head trains), batch 256 = 64 classes × 4, AdamW lr 1e-3 (wd 0.01, grad clip 3), 600 steps.
+``--datasets`` takes any name of ``bench/_quality_common.py``'s ``BANK_DATASETS``. Models:
 
 * ``ball_ms``: MultiSimilarity + miner on ``PoincareSimilarity`` (c = 0.1, clip 2.3, T = 2·clip_r),
   the polar head (``HyperbolicEmbeddingHead(radius="learned")``), as ``bench/quality.py``'s ``hms`` row;
@@ -18,30 +21,35 @@ EfficientNet-Lite0 features (``--backbone tf_efficientnet_lite0``, 64 px, pooled
 Per test query (query → gallery, exact Poincaré distance in the ball, 1 − cos on the sphere), every
 score is "larger = more uncertain":
 
-* single scores: ``radius`` (``hyperbolic_uncertainty``, gallery-free, ball only), ``top1_dist``
+* the single scores: ``radius`` (``hyperbolic_uncertainty``, gallery-free, ball only), ``top1_dist``
   (distance to the top-1 neighbour), ``gap`` (−(d₂ − d₁), the top-1/top-2 gap), ``agree@10``
   (1 − the share of the top 10 labels equal to the top-1 label);
-* combinations (candidates for the public score): ``ratio`` = d₁ / d_rival (d_rival: the first of
+* the candidates the public score was chosen from: ``ratio`` = d₁ / d_rival (d_rival: the first of
   the top k whose label differs from the top-1 label, d_k when none does), ``margin`` = d₁ − d_rival,
-  ``vote@k,p`` (1 − the top-1 label's share of the top-k weights (d₁/d_i)^p), ``ratio×d1``,
-  ``ratio+β·radius`` (log ratio + β·radius, ball only); ``retrieval_uncertainty`` is the package's
-  public function (:func:`pml_hyperbolic.evaluation.retrieval_uncertainty`), computed by it.
+  ``vote@k,p`` (1 − the top-1 label's share of the top-k weights (d₁/d_i)^p), ``proto_rho`` (the
+  top-1 label's class-prototype distance over its sum with the nearest other prototype's), and sums
+  of these with each other and with the radius;
+* ``retrieval_uncertainty``: the package's public score
+  (:func:`pml_hyperbolic.evaluation.retrieval_uncertainty`: ``vote@20,p8`` + 4·``proto_rho``, over 5),
+  computed by the package.
 
 Reported per domain, model and score (mean ± std over seeds): AUROC for "top-1 wrong", AURC (the area
 under the risk–coverage curve, lower is better) and E-AURC (AURC minus the AURC of a perfect
 ordering at the same error rate), and the AUROC of "degraded" over each clean test query and its
 blurred (Gaussian σ 1.5 px), noised (σ 0.5 of the normalised intensity) and occluded (24 px square)
-copy: degraded queries go through the frozen backbone once per domain (cached like the bank).
+copy, scored against the same clean gallery; degraded queries go through the frozen backbone once
+per domain (cached like the bank).
 
 Choice on validation, check on test: every model is also trained on the training classes minus a
-validation carve (``qc.carve_validation``: 32 training classes, queried as the test split is); the
-validation table ranks the candidate forms and constants (the choice for the public function is
-made there), the test table then checks them. Nothing is chosen on test classes.
-Targets (printed as met / not met per domain): (a) ``radius`` on a ball model reaches the best
-sphere model's ``top1_dist`` failure AUROC; (b) ``retrieval_uncertainty`` beats every single score
-(of every model) by ≥ 0.02 failure AUROC.
-Cost: about 20 min for two domains and 3 seeds on 2 shared cores once the banks are cached (the
-first build of a domain's bank and degraded copies: a few minutes more).
+validation carve (``qc.carve_validation``: 32 training classes, queried as the test split is;
+``--val-seeds``, default seed 0); the validation table ranks the candidate forms and constants (the
+public function's form and constants were chosen there), the test table checks them. Nothing is
+chosen on test classes. Targets (printed as met / NOT met per domain and split): (a) ``radius`` on
+a ball model reaches the best sphere model's ``top1_dist`` failure AUROC; (b)
+``retrieval_uncertainty`` beats every single score (of every model) by ≥ 0.02 failure AUROC.
+Cost on 2 shared cores, banks cached: about 1–2 min per 600-step ball model, under 1 min per sphere
+model; the full run (2 domains, 4 models, 3 test seeds + 1 validation seed) about 40 min. The first
+build of a domain's bank and degraded copies adds a few minutes.
 """
 from __future__ import annotations
 
@@ -476,10 +484,11 @@ def summarise(dataset, dom, models):
             f"({' '.join(map(str, best_single[1:]))}): {best_public[0] - best_single[0]:+.3f} "
             f"({verdict[s['target_b']]}); same model, {PUBLIC} minus its best single score: "
             + ", ".join(f"{m} {v:+.3f}" for m, v in per_model.items()))
-    val_rank = sorted(((_mean([mean_v for m in models for mean_v in [_mean(_values(runs, m, 'val', n, 'auroc_fail'))]
-                                if np.isfinite(mean_v)]), n) for n in names), reverse=True)
-    lines.append("validation ranking (failure AUROC, mean over models): "
-                 + ", ".join(f"{n} {v:.3f}" for v, n in val_rank[:8]))
+    val_rank = [(_mean([_mean(_values(runs, m, "val", n, "auroc_fail")) for m in models]), n) for n in names]
+    val_rank = sorted(((v, n) for v, n in val_rank if np.isfinite(v)), reverse=True)
+    if val_rank:
+        lines.append("validation ranking (failure AUROC, mean over models): "
+                     + ", ".join(f"{n} {v:.3f}" for v, n in val_rank[:8]))
     summary["val_ranking"] = [(n, v) for v, n in val_rank]
     return "\n".join(lines), summary
 
