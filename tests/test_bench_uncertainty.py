@@ -72,8 +72,8 @@ def test_bench_runs_every_model_on_a_synthetic_bank(monkeypatch):
     noisy = {kind: bank.query.acts + 2 * torch.randn(bank.query.acts.shape, generator=torch.Generator().manual_seed(1))
              for kind in bu.DEGRADATIONS}
     monkeypatch.setattr(bu, "degraded_query_features", lambda cfg, dataset, **kw: noisy)
-    results = bu.main(["--datasets", "glyphs", "--steps", "3", "--seeds", "0", "--val-classes", "4",
-                       "--threads", "1"])
+    results, _ = bu.run_bench(["--datasets", "glyphs", "--steps", "3", "--seeds", "0", "--val-classes", "4",
+                               "--threads", "1"])
     dom = results["domains"]["glyphs"]
     assert [r["model"] for r in dom["runs"]] == list(bu.MODELS)
     for run in dom["runs"]:
@@ -88,10 +88,15 @@ def test_bench_runs_every_model_on_a_synthetic_bank(monkeypatch):
     summary = results["summary"]["glyphs"]
     assert summary["test"]["target_a"] in (True, False, None)
     assert set(summary["test"]["public_minus_best_single_same_model"]) == set(bu.MODELS)
+    rows = bu.flat_rows(results)
+    public = [r for r in rows if r["split"] == "test" and r["score"] == bu.PUBLIC]
+    assert [r["model"] for r in public] == list(bu.MODELS)
+    assert all(0 <= r["auroc_fail"] <= 1 and len(r["auroc_fail_per_seed"]) == 1 for r in public)
+    assert {r["split"] for r in rows if r["model"] == "targets"} == {"val", "test"}
 
 
 def test_bad_arguments():
     with pytest.raises(SystemExit, match="unknown model"):
-        bu.main(["--models", "ball_ms,nope"])
+        bu.run_bench(["--models", "ball_ms,nope"])
     with pytest.raises(SystemExit, match="--splits"):
-        bu.main(["--splits", "train"])
+        bu.run_bench(["--splits", "train"])
