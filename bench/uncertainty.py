@@ -2,7 +2,7 @@
 """Which per-query score predicts a wrong top-1 best: the radius, the kNN's own confidence, or both?
 
     python -m bench uncertainty                 # 3 seeds, 600 steps, validation (seed 0) and test
-    python -m bench uncertainty --quick         # 1 seed, 200 steps, test split only
+    python -m bench uncertainty --quick         # 1 seed, 150 steps, test split only
     python -m bench uncertainty --datasets glyphs,icons --seeds 0,1,2 --models ball_ms,sphere_supcon
     python -m bench uncertainty --dump-dir D    # also store every model's embeddings in D ...
     python -m bench uncertainty --rescore D     # ... and score them again without training
@@ -535,14 +535,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="1 seed, 200 steps, test split only (no validation training; banks cached: a few minutes)")
+                   help="1 seed, 150 steps, test split only (no validation training; banks cached: about 3 min)")
     p.add_argument("--datasets", default="glyphs,icons",
                    help=f"comma-separated, any of {qc.BANK_DATASETS} (default glyphs,icons)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
     p.add_argument("--val-seeds", default="0",
                    help="seeds that also train on the validation carve ('all': every seed; default 0)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 200)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 150)")
     p.add_argument("--backbone", default="tf_efficientnet_lite0")
     p.add_argument("--max-classes", type=int, default=None, help="first classes of every split only (smoke runs)")
     p.add_argument("--splits", default=None,
@@ -577,7 +577,7 @@ def run_bench(argv=None):
     if bad:
         raise SystemExit(f"unknown model(s) or dataset(s) {bad}; models: {MODELS}, datasets: {qc.BANK_DATASETS}")
     seeds = (0,) if a.quick and a.seeds is None else tuple(int(s) for s in (a.seeds or "0,1,2").split(","))
-    steps = a.steps if a.steps is not None else (200 if a.quick else 600)
+    steps = a.steps if a.steps is not None else (150 if a.quick else 600)
     splits = tuple(x.strip() for x in (a.splits or ("test" if a.quick else "val,test")).split(",") if x.strip())
     if not splits or set(splits) - {"val", "test"}:
         raise SystemExit(f"--splits must name val and/or test, got {a.splits!r}")
