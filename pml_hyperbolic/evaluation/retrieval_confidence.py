@@ -104,6 +104,11 @@ def retrieval_uncertainty(query_embeddings: torch.Tensor, gallery_embeddings: to
     embeddings, L2-normalised here). A weight 0/0 (the top-1 item and neighbour i both at distance
     0) counts 1; ρ's 0/0 (the query on two prototypes) counts ½. Computed without gradient.
 
+    Why: the search result knows more about a wrong top-1 label than the gallery-free radius; the
+    vote and the prototypes are ratios of distances, so no temperature is needed in either geometry.
+
+    Design note: docs/design/uncertainty.md
+
     Args:
         query_embeddings: (M, D) floating-point query embeddings (ball points, or any vectors with
             ``c=None``).
