@@ -2,7 +2,7 @@
 """Which per-query score predicts a wrong top-1 best: the radius, the kNN's own confidence, or both?
 
     python -m bench uncertainty                 # 3 seeds, 600 steps, validation (seed 0) and test
-    python -m bench uncertainty --quick         # 1 seed, 150 steps, test split only
+    python -m bench uncertainty --quick         # 1 seed, 100 steps, test split only
     python -m bench uncertainty --datasets glyphs,icons --seeds 0,1,2 --models ball_ms,sphere_supcon
     python -m bench uncertainty --dump-dir D    # also store every model's embeddings in D ...
     python -m bench uncertainty --rescore D     # ... and score them again without training
@@ -48,8 +48,9 @@ chosen on test classes. Targets (printed as met / NOT met per domain and split):
 a ball model reaches the best sphere model's ``top1_dist`` failure AUROC; (b)
 ``retrieval_uncertainty`` beats every single score (of every model) by ≥ 0.02 failure AUROC.
 Cost on 2 shared cores, banks cached: about 1–2 min per 600-step ball model, under 1 min per sphere
-model; the full run (2 domains, 4 models, 3 test seeds + 1 validation seed) about 40 min. The first
-build of a domain's bank and degraded copies adds a few minutes.
+model; the full run (2 domains, 4 models, 3 test seeds + 1 validation seed) about 40 min; ``--quick``
+about 150 s of CPU (284 s wall at load 6–10 on 2 shared cores). The first build of a domain's bank
+and degraded copies adds a few minutes.
 """
 from __future__ import annotations
 
@@ -535,14 +536,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="1 seed, 150 steps, test split only (no validation training; banks cached: about 3 min)")
+                   help="1 seed, 100 steps, test split only (no validation training; banks cached: about 150 s of CPU)")
     p.add_argument("--datasets", default="glyphs,icons",
                    help=f"comma-separated, any of {qc.BANK_DATASETS} (default glyphs,icons)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
     p.add_argument("--val-seeds", default="0",
                    help="seeds that also train on the validation carve ('all': every seed; default 0)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 150)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model (default 600; --quick 100)")
     p.add_argument("--backbone", default="tf_efficientnet_lite0")
     p.add_argument("--max-classes", type=int, default=None, help="first classes of every split only (smoke runs)")
     p.add_argument("--splits", default=None,
@@ -577,7 +578,7 @@ def run_bench(argv=None):
     if bad:
         raise SystemExit(f"unknown model(s) or dataset(s) {bad}; models: {MODELS}, datasets: {qc.BANK_DATASETS}")
     seeds = (0,) if a.quick and a.seeds is None else tuple(int(s) for s in (a.seeds or "0,1,2").split(","))
-    steps = a.steps if a.steps is not None else (150 if a.quick else 600)
+    steps = a.steps if a.steps is not None else (100 if a.quick else 600)
     splits = tuple(x.strip() for x in (a.splits or ("test" if a.quick else "val,test")).split(",") if x.strip())
     if not splits or set(splits) - {"val", "test"}:
         raise SystemExit(f"--splits must name val and/or test, got {a.splits!r}")
