@@ -36,6 +36,7 @@ _EXPORTS = {
     "MixedGeometryMiner": ".miners",
     "hyperbolic_uncertainty": ".uncertainty",
     "to_inner_product": ".search",
+    "retrieval_uncertainty": ".evaluation",
 }
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "HierarchicalPseudoLabeler",
     "HierarchicalSimilarityMiner",
     "hyperbolic_uncertainty",
+    "retrieval_uncertainty",
     "unwrap_ball_tensor",
     "to_manifold_tensor",
     "accept_manifold_tensors",

@@ -11,6 +11,7 @@ from .hyperbolic_knn import HyperbolicKNN
 from .poincare_disk_plot import plot_poincare_disk
 from .radius_health import RadiusCollapseWarning, RadiusReport, check_radius, radius_collapse
 from .recall_at_k import RecallAtKAccuracyCalculator
+from .retrieval_confidence import retrieval_uncertainty
 from .retrieval_grid import plot_retrieval_grid, plot_retrieval_grid_from_embeddings
 from .uncertainty_recall import plot_uncertainty_vs_recall, uncertainty_failure_auroc, uncertainty_recall_table
 
@@ -23,6 +24,7 @@ __all__ = [
     "suggest_curvature",
     "uncertainty_recall_table",
     "uncertainty_failure_auroc",
+    "retrieval_uncertainty",
     "plot_uncertainty_vs_recall",
     "radius_collapse",
     "check_radius",
