@@ -460,10 +460,21 @@ def _per_seed(row, key, scale=100.0):
     return None if not values or any(v is None for v in values) else scale * np.asarray(values, float)
 
 
+def _paired(row, reference, key, scale=100.0):
+    """(row − reference) over the seeds both ran (the same seed: the same bank views and batches), or None
+    when fewer than two seeds are shared or a value is missing."""
+    a, b = _per_seed(row, key, scale), _per_seed(reference, key, scale)
+    if a is None or b is None:
+        return None
+    mine, theirs = dict(zip(row["seeds"], a)), dict(zip(reference["seeds"], b))
+    common = [s for s in row["seeds"] if s in theirs]
+    return np.array([mine[s] - theirs[s] for s in common]) if len(common) > 1 else None
+
+
 def paired_summary(results, baselines=BASELINES):
     """One flat row per (domain, method): R@1 mean and sd over seeds; its per-seed difference to the best
-    PML baseline of that domain (the one of ``baselines`` with the higher mean R@1, measured in the same
-    run with the same seeds) as mean and sd, and the seeds it is higher on; parent R@1 and Spearman with
+    PML baseline of that domain (the one of ``baselines`` with the higher mean R@1), over the seeds both
+    ran, as mean and sd, and the seeds it is higher on; parent R@1 and Spearman with
     their paired differences to SupCon's; the % of test queries at the clip radius for a ball row."""
     out = []
     for name, ds in results["datasets"].items():
@@ -476,8 +487,8 @@ def paired_summary(results, baselines=BASELINES):
             mean, sd = _mean_sd(r1)
             item = {"dataset": name, "row": key, "seeds": len(r1), "R@1": round(mean, 2), "R@1 sd": round(sd, 2),
                     "per_seed_r1": [round(v, 2) for v in r1]}
-            if best is not None and key != best and rows[best]["seeds"] == r["seeds"] and len(r1) > 1:
-                diff = r1 - _per_seed(rows[best], "recall_at_1")
+            diff = None if best is None or key == best else _paired(r, rows[best], "recall_at_1")
+            if diff is not None:
                 item.update({"best baseline": best, "ΔR@1": round(float(diff.mean()), 2),
                              "ΔR@1 sd": round(float(diff.std(ddof=1)), 2),
                              "seeds won": f"{int((diff > 0).sum())}/{diff.size}"})
@@ -486,9 +497,9 @@ def paired_summary(results, baselines=BASELINES):
                 if values is None:
                     continue
                 item[label] = round(float(values.mean()), 3 if scale == 1.0 else 2)
-                ref = None if supcon is None or key == "supcon" else _per_seed(supcon, key_, scale)
-                if ref is not None and supcon["seeds"] == r["seeds"]:
-                    item[f"Δ{label} vs supcon"] = round(float((values - ref).mean()), 3 if scale == 1.0 else 2)
+                delta = None if supcon is None or key == "supcon" else _paired(r, supcon, key_, scale)
+                if delta is not None:
+                    item[f"Δ{label} vs supcon"] = round(float(delta.mean()), 3 if scale == 1.0 else 2)
             clip = _per_seed(r, "at_clip")
             if clip is not None:
                 item["% at clip"] = round(float(clip.mean()), 1)

@@ -346,6 +346,12 @@ def test_paired_summary_against_the_best_pml_baseline():
     assert hms["seeds won"] == "2/3" and hms["% at clip"] == pytest.approx(10.0)
     assert hms["Δparent R@1 vs supcon"] == pytest.approx(1.0) and hms["ΔSpearman vs supcon"] == pytest.approx(0.04)
     assert "ΔR@1" not in by_row["supcon"] and "% at clip" not in by_row["ms"]
+    # a row run on fewer seeds is paired on the seeds it shares with the baseline (seed 1 and 2 here)
+    rows["hms"] = {"per_seed": rows["hms"]["per_seed"][1:], "seeds": [1, 2]}
+    late = {i["row"]: i for i in quality.paired_summary({"datasets": {"icons": {"rows": rows}}})}["hms"]
+    assert late["ΔR@1"] == pytest.approx(1.5) and late["seeds won"] == "1/2"
+    rows["hms"]["seeds"] = [3, 4]  # no shared seed: no paired cell
+    assert "ΔR@1" not in {i["row"]: i for i in quality.paired_summary({"datasets": {"icons": {"rows": rows}}})}["hms"]
     assert by_row["ms"]["ΔR@1"] == pytest.approx(-1.33, abs=0.01) and by_row["ms"]["seeds won"] == "0/3"
     text = quality.summary_markdown(summary)
     assert "| hms | 53.0 ± 1.0 | +2.0 ± 1.7 | 2/3 |" in text and "best PML baseline: supcon" in text
