@@ -311,10 +311,12 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
     train = Split(torch.stack(views, dim=1), torch.as_tensor(np.asarray(train_set.labels), dtype=torch.long),
                   torch.as_tensor(getattr(train_set, "super_labels", np.zeros(len(train_set), np.int64))),
                   getattr(train_set, "font_families", None))
-    query = Split(run_prefix(prefix, query_set, clean), torch.as_tensor(np.asarray(query_set.labels)))
+    query = Split(run_prefix(prefix, query_set, clean), torch.as_tensor(np.asarray(query_set.labels)),
+                  _parent_labels(query_set))
     gallery = None
     if gallery_set is not None:
-        gallery = Split(run_prefix(prefix, gallery_set, clean), torch.as_tensor(np.asarray(gallery_set.labels)))
+        gallery = Split(run_prefix(prefix, gallery_set, clean), torch.as_tensor(np.asarray(gallery_set.labels)),
+                        _parent_labels(gallery_set))
     seconds = time.perf_counter() - t0
     if use_cache:
         os.makedirs(cfg.cache_dir, exist_ok=True)
@@ -323,6 +325,12 @@ def build_bank(cfg, dataset="glyphs", fashion_root=None, fashion_per_class=(600,
         os.replace(tmp, path)
     return Bank(dataset=dataset, train=train, query=query, gallery=gallery, tail=tail, feature_dim=dim,
                 note=note, build_seconds=seconds)
+
+
+def _parent_labels(dataset):
+    """The dataset's parent label per item (``super_labels``: the hierarchy columns), or None."""
+    parents = getattr(dataset, "super_labels", None)
+    return None if parents is None else torch.as_tensor(np.asarray(parents), dtype=torch.long)
 
 
 @torch.no_grad()

@@ -271,3 +271,47 @@ class PMLBaseline(RecipeCommandLine):
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 
         return MultiSimilarityMiner(epsilon=0.1)
+
+
+class PMLBallBaseline(PMLBaseline):
+    """``--pml-loss supcon`` / ``ms`` of :class:`PMLBaseline` on the ball: the recipes' hyperbolic head
+    (polar by default; ``--head-radius``, ``--curvature``, ``--clip-r``, ``--radial-calibration`` as in
+    every hyperbolic recipe) and PML's loss (and miner) on
+    :class:`pml_hyperbolic.distances.PoincareSimilarity` (1 − d/T, T = 2·clip_r), evaluated by the exact
+    Poincaré kNN. The combination the docs warn about (SupCon pushes every point to the clip radius)
+    measured the way every other row is."""
+
+    name = "pml_ball_baseline"
+    hyperbolic = True
+
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("--pml-loss", choices=("supcon", "ms"), default="supcon")
+        parser.add_argument("--kmeans-pseudo-labels", type=int, default=0, metavar="K")
+
+    def build_head(self, in_features):
+        from pml_hyperbolic.heads import HyperbolicEmbeddingHead
+
+        return HyperbolicEmbeddingHead(in_features, self.args.embedding_dim, c=self.geometry,
+                                       radius=self.args.head_radius)
+
+    def _similarity(self):
+        if getattr(self, "_poincare_similarity", None) is None:
+            from pml_hyperbolic.distances import PoincareSimilarity
+
+            self._poincare_similarity = PoincareSimilarity(c=self.geometry)
+        return self._poincare_similarity
+
+    def build_loss(self):
+        from pytorch_metric_learning import losses
+
+        if self.args.pml_loss == "supcon":
+            return losses.SupConLoss(temperature=0.1, distance=self._similarity())
+        return losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5, distance=self._similarity())
+
+    def build_miner(self):
+        if self.args.pml_loss != "ms":
+            return None
+        from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+        return MultiSimilarityMiner(epsilon=0.1, distance=self._similarity())

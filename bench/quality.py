@@ -1,9 +1,26 @@
 #!/usr/bin/env python
 """Method comparison on real data: every method against PML's strong baselines.
 
-    python -m bench quality                 # full table: 3 seeds, 120 steps, all rows (36 min wall measured, 2026-11-23, 2 cores)
+    python -m bench quality                 # the held-out protocol on every development domain (below)
+    python -m bench quality --datasets icons --rows supcon,ms,hms --seeds 0,1
+    python -m bench quality --protocol tail # the MobileNetV2 tail table: 3 seeds, 120 steps, all rows, glyphs
     python -m bench quality --quick         # 1 seed, 100 steps, head only, all rows but HCL (187 CPU-s measured)
-    python -m bench quality --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
+    python -m bench quality --protocol tail --rows raw,supcon,hypvit --seeds 0 --steps 50 --out results.json
+
+**Default protocol (``--protocol heldout``)**: the one an outside benchmark measures the package with.
+Frozen ImageNet EfficientNet-Lite0 (``tf_efficientnet_lite0``, offline weights, 64 px, pooled 1280-d
+features of 1 clean + 3 augmented views per training image), a 128-d head, batch 256 = 64 classes × 4,
+AdamW 1e-3 (weight decay 0.01, grad clip 3), 600 steps, seeds 0-4, on every development domain
+(``DEVELOPMENT_DOMAINS``: every bank dataset with a parent level, e.g. the bundled glyphs and icons).
+Rows (``HELDOUT_ROWS``): PML ``SupConLoss`` and ``MultiSimilarityLoss`` on the sphere, Hyp-ViT's pairwise
+CE, MultiSimilarity on ``PoincareSimilarity`` without and with the radial calibration, + HIER, and
+``SupConLoss`` on ``PoincareSimilarity``. The table adds, per domain, each row's paired R@1 difference
+(seed by seed) to the better PML baseline (mean ± sd, seeds won), parent-level R@1 and Spearman(distance,
+tree distance) against SupCon's, the share of test queries at the clip radius of every ball row
+(``pml_hyperbolic.evaluation.radius_health``), and the targets read off it. The function returns those
+rows (``python -m bench quality`` records them as JSON); ``--out`` writes every per-seed metric.
+
+The rest of this text describes ``--protocol tail``, the earlier table.
 
 **Every method trains through its recipe** (``bench/_recipe_rows.py``): the recipe script's class
 with its parser, presets, geometry, head, loss, miner, optimisers, PML trainer (``trainer_class``:
@@ -92,6 +109,7 @@ def build_rows():
                 "--hyperbolic-weight", f"{HCL_GLYPH_HYPERBOLIC_WEIGHT:g}", "--momentum", "0.99",
                 "--lr", f"{HCL_GLYPH_TRUNK_LR:g}"]
     uml = ("hyp_uml_cars", "HypUML")
+    calibration = rr.load_recipe_class("hier", "HIER").glyph_preset["radial_calibration"]
     NO_COPIES = ["--degraded-copies", "0"]
     rows = [
         Row("raw", "Pretrained features, no training (1280-d, cosine)", kind="raw"),
@@ -102,8 +120,8 @@ def build_rows():
         Row("hypvit", "Hyp-ViT pairwise CE (c=0.1, τ=0.2)", ("hyp_vit", "HypViT")),
         Row("hier", "Hyp-ViT pairwise CE + 3·HIER (128 proxies, c=0.1)", ("hyp_vit", "HypViT"),
             ["--hier-weight", "3", "--hier-proxies", "128"]),
-        Row("hier_ms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
-            "(128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
+        Row("hier_ms", f"HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + {calibration:g}·radial "
+            "calibration (128 proxies, c=0.1; recipes/hier.py)", ("hier", "HIER")),
         Row("hier_ms_cosine", "HIER: MultiSimilarity on the cosine + 0.3·HIER + 0.03·radial calibration (the glyph "
             "default until 2026-11-26, 00070d1)", ("hier", "HIER"), ["--ms-similarity", "cosine"]),
         Row("hier_ms_nocal", "HIER: MultiSimilarity (cosine) + 0.3·HIER, no calibration (before 2026-11-26, 56f95f3)",
@@ -111,9 +129,17 @@ def build_rows():
         Row("hier_ms_cal", "HIER: MultiSimilarity (cosine) + 0.3·HIER + radial calibration 1", ("hier", "HIER"),
             ["--radial-calibration", "1", "--ms-similarity", "cosine"]),
         # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
-        Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (c=0.1; "
-            "recipes/hier.py, no HIER)",
+        Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} + "
+            f"{calibration:g}·radial calibration (c=0.1; recipes/hier.py, no HIER)",
             ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
+        Row("hms_t_clip", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{DEFAULT_CLIP_R:g} (T = clip_r, "
+            f"half the default) + {calibration:g}·radial calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
+            ["--hier-weight", "0", "--ms-similarity", "poincare", "--ms-scale", f"{DEFAULT_CLIP_R:g}"]),
+        Row("hms_nocal", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g}, no radial "
+            "calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
+            ["--hier-weight", "0", "--ms-similarity", "poincare", "--radial-calibration", "0"]),
+        Row("supcon_ball", f"PML SupConLoss (τ=0.1) on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (polar head, "
+            "c=0.1, no calibration)", "baseline_ball", ["--pml-loss", "supcon", "--radial-calibration", "0"]),
         # = hier_ms since 8a53977 (the flag explicit: the row that chose it, docs/design/records.md)
         Row("hier_hms", "HIER: MultiSimilarity on the Poincaré similarity + 0.3·HIER + 0.03·radial calibration "
             "(recipes/hier.py --ms-similarity poincare)", ("hier", "HIER"), ["--ms-similarity", "poincare"]),
@@ -157,6 +183,18 @@ UNSUP_KMEANS_K = 100
 ROWS = build_rows()
 QUICK_ROWS = [k for k, r in ROWS.items() if r.kind != "hcl"]
 
+# The held-out benchmark's protocol (the default of ``python -m bench quality``): frozen ImageNet
+# EfficientNet-Lite0 features, a 128-d head, batch 256 = 64 classes x 4, AdamW 1e-3, 600 steps, seeds 0-4,
+# on every development domain (every bank dataset with a parent level; Fashion-MNIST has none).
+HELDOUT_PROTOCOL = {"backbone": "tf_efficientnet_lite0", "trainable": "head", "embedding_dim": 128,
+                    "batch_size": 256, "samples_per_class": 4, "lr_tail": 1e-3, "lr_head": 1e-3, "steps": 600,
+                    "seeds": (0, 1, 2, 3, 4)}
+HELDOUT_ROWS = ("supcon", "ms", "hypvit", "hms_nocal", "hms", "hms_t_clip", "hier_ms", "supcon_ball")
+BASELINES = ("supcon", "ms")  # PML's losses on the sphere: a row is compared with the better of them
+NOT_RECOMMENDED = ("supcon_ball",)  # ball rows measured to show a failure (the docs advise against them)
+DEVELOPMENT_DOMAINS = tuple(d for d in qc.BANK_DATASETS if d != "fashion-mnist")
+PROTOCOLS = ("heldout", "tail")
+
 
 def row_option(row, flag, default=None):
     """The value a row's argv gives ``flag`` (the last one, as argparse reads it), else ``default``."""
@@ -167,6 +205,8 @@ def row_option(row, flag, default=None):
 def recipe_class(row):
     if row.recipe == "baseline":
         return rr.PMLBaseline
+    if row.recipe == "baseline_ball":
+        return rr.PMLBallBaseline
     return rr.load_recipe_class(*row.recipe)
 
 
@@ -223,16 +263,23 @@ HIERARCHY_NAMES = {"parent_r1": "parent R@1", "spearman": "Spearman", "auroc_fai
                    "d0_med": "d₀ median", "at_clip": "% at clip"}
 
 
-def glyph_parents(bank):
-    """(query, gallery) radical labels of the bank's glyph test splits (the hierarchy's parent level),
-    aligned to the bank's rows (a ``max_classes`` bank keeps some classes, in order); None when the
-    bank's rows are not those of the bundled glyphs (the hierarchy columns are then left out)."""
+def dataset_parents(bank):
+    """(query, gallery) parent labels of the bank's test splits (the hierarchy's parent level: a glyph's
+    radical, an icon's context), as ``build_bank`` stores them from the dataset's ``super_labels``; None
+    when the dataset has no parents or no separate gallery (the hierarchy columns are then left out).
+    Banks cached before the parents were stored fall back to the bundled glyph splits."""
+    if bank.gallery is None:
+        return None
+    if bank.query.super_labels is not None and bank.gallery.super_labels is not None:
+        return bank.query.super_labels, bank.gallery.super_labels
+    return _glyph_parents_from_dataset(bank) if bank.dataset == "glyphs" else None
+
+
+def _glyph_parents_from_dataset(bank):
     from pml_hyperbolic.data import GlyphDataset
 
     out = []
     for name, split in (("query", bank.query), ("gallery", bank.gallery)):
-        if split is None:
-            return None
         data = GlyphDataset(name)
         labels, parents = np.asarray(data.labels), np.asarray(data.super_labels)
         mine = split.labels.numpy()
@@ -243,6 +290,15 @@ def glyph_parents(bank):
     return tuple(out)
 
 
+def clip_share(embeddings, geometry) -> float:
+    """Share of ``embeddings`` at the clip radius, as ``pml_hyperbolic.evaluation.radius_health`` counts
+    it (d₀ within its relative tolerance of the geometry's largest radius); 0 when none are."""
+    from pml_hyperbolic.evaluation.radius_health import radius_collapse
+
+    report = radius_collapse(torch.as_tensor(embeddings).float(), geometry, clip_fraction=0.0, what="test queries")
+    return 0.0 if report is None or report.fraction_at_clip is None else float(report.fraction_at_clip)
+
+
 def hierarchy_metrics(q, ql, g, gl, c, max_d0, parents):
     """``bench/radius.py``'s columns for one evaluation: parent R@1, Spearman(distance, tree distance),
     and for a hyperbolic head the failure AUROC of −d₀, the median d₀ and the fraction at the clip."""
@@ -250,7 +306,7 @@ def hierarchy_metrics(q, ql, g, gl, c, max_d0, parents):
 
     q_parent, g_parent = parents
     if len(q_parent) != len(ql) or len(g_parent) != len(gl):
-        raise RuntimeError("cached bank does not match the bundled glyph splits; rerun with --no-cache")
+        raise RuntimeError("the parent labels do not match the bank's test splits; rerun with --no-cache")
     out = radius_metrics(q.float(), torch.as_tensor(ql), g.float(), torch.as_tensor(gl), c, max_d0, q_parent, g_parent)
     keep = {"parent_r1": out["parent_r1"], "spearman": out["spearman"]}
     if c is not None:
@@ -285,12 +341,14 @@ def run_row(row, cfg, bank, seed, hcl_bank=None, log=print, parents=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the literal Hyp-UML mode warns on every call, by design
         metrics, recipe = rr.run_recipe_row(recipe_class(row), bank, cfg, seed, argv, train_set=train_set)
+    captured = recipe.evaluator.last_embeddings
+    c = recipe.eval_curvature()
+    geometry = getattr(recipe, "geometry", None)
     if parents is not None:
-        captured = recipe.evaluator.last_embeddings
-        c = recipe.eval_curvature()
-        geometry = getattr(recipe, "geometry", None)
         max_d0 = float(geometry.max_dist0()) if c is not None and geometry is not None else np.inf
         metrics.update(hierarchy_metrics(captured[0], captured[1], captured[2], captured[3], c, max_d0, parents))
+    if c is not None and geometry is not None:  # every ball row: the radius_health count of the test queries
+        metrics["at_clip"] = clip_share(captured[0], geometry)
     loss = recipe.trainer.loss_funcs.get("metric_loss")
     lam = getattr(getattr(loss, "distance", None), "lam", None)
     if row.key == "hypmix_learn" and lam is not None:
@@ -312,10 +370,11 @@ def with_fewer_training_classes(bank, keep, log=print):
 
 
 def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True, max_classes=None,
-              train_classes=None):
+              train_classes=None, progress=None):
     """Run every (dataset, row, seed); returns the results dict (also what ``--out`` writes).
     ``train_classes``: train on that many of the training classes (a seeded choice, carve seed 0;
-    the test split unchanged), to see how a method depends on the number of training classes."""
+    the test split unchanged), to see how a method depends on the number of training classes.
+    ``progress``: called with the results so far after every row (``--out`` keeps a long run's finished rows)."""
     results = {"config": qc.config_dict(cfg), "datasets": {}, "notes": []}
     for name in datasets:
         if name == "fashion-mnist" and qc.find_fashion_mnist(fashion_root) is None:
@@ -334,7 +393,7 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
         log(f"[bank] {name}: {'loaded from cache' if bank.from_cache else 'built'} "
             f"(build took {bank.build_seconds:.0f} s; this run {time.perf_counter() - t0:.0f} s). {bank.note}")
         hcl_banks = {}  # view augmentation -> scene bank
-        parents = glyph_parents(bank) if name == "glyphs" else None
+        parents = dataset_parents(bank)
         ds = {"note": bank.note, "bank_from_cache": bank.from_cache, "bank_build_s": bank.build_seconds, "rows": {}}
         for key in rows:
             row = ROWS[key]
@@ -359,6 +418,9 @@ def run_table(cfg, rows, datasets, fashion_root=None, log=print, use_cache=True,
                     + (f"  {extra}" if extra else ""))
             ds["rows"][key] = {"label": row.label, "per_seed": per_seed, "seeds": seeds, "extras": extras,
                                "seconds": time.perf_counter() - t_row}
+            results["datasets"][name] = ds
+            if progress is not None:
+                progress(results)
         results["datasets"][name] = ds
     return results
 
@@ -388,6 +450,117 @@ def paired_lines(results, reference):
             r1 = 100 * np.array([m["recall_at_1"] for m in r["per_seed"]])
             lines.append(f"{name}: {key} − {reference} R@1 {paired_cell(r1, base)} (paired over seeds "
                          f"{','.join(map(str, r['seeds']))}; higher on {int((r1 > base).sum())} of {len(base)})")
+    return lines
+
+
+def _mean_sd(values):
+    values = np.asarray(values, float)
+    return float(values.mean()), float(values.std(ddof=1)) if values.size > 1 else 0.0
+
+
+def _per_seed(row, key, scale=100.0):
+    values = [m.get(key) for m in row.get("per_seed", [])]
+    return None if not values or any(v is None for v in values) else scale * np.asarray(values, float)
+
+
+def _paired(row, reference, key, scale=100.0):
+    """(row − reference) over the seeds both ran (the same seed: the same bank views and batches), or None
+    when fewer than two seeds are shared or a value is missing."""
+    a, b = _per_seed(row, key, scale), _per_seed(reference, key, scale)
+    if a is None or b is None:
+        return None
+    mine, theirs = dict(zip(row["seeds"], a)), dict(zip(reference["seeds"], b))
+    common = [s for s in row["seeds"] if s in theirs]
+    return np.array([mine[s] - theirs[s] for s in common]) if len(common) > 1 else None
+
+
+def paired_summary(results, baselines=BASELINES):
+    """One flat row per (domain, method): R@1 mean and sd over seeds; its per-seed difference to the best
+    PML baseline of that domain (the one of ``baselines`` with the higher mean R@1), over the seeds both
+    ran, as mean and sd, and the seeds it is higher on; parent R@1 and Spearman with
+    their paired differences to SupCon's; the % of test queries at the clip radius for a ball row."""
+    out = []
+    for name, ds in results["datasets"].items():
+        rows = {k: r for k, r in ds["rows"].items() if "per_seed" in r}
+        have = [b for b in baselines if b in rows]
+        best = max(have, key=lambda b: _per_seed(rows[b], "recall_at_1").mean()) if have else None
+        supcon = rows.get("supcon")
+        for key, r in rows.items():
+            r1 = _per_seed(r, "recall_at_1")
+            mean, sd = _mean_sd(r1)
+            item = {"dataset": name, "row": key, "seeds": len(r1), "R@1": round(mean, 2), "R@1 sd": round(sd, 2),
+                    "per_seed_r1": [round(v, 2) for v in r1]}
+            diff = None if best is None or key == best else _paired(r, rows[best], "recall_at_1")
+            if diff is not None:
+                item.update({"best baseline": best, "ΔR@1": round(float(diff.mean()), 2),
+                             "ΔR@1 sd": round(float(diff.std(ddof=1)), 2),
+                             "seeds won": f"{int((diff > 0).sum())}/{diff.size}"})
+            for key_, label, scale in (("parent_r1", "parent R@1", 100.0), ("spearman", "Spearman", 1.0)):
+                values = _per_seed(r, key_, scale)
+                if values is None:
+                    continue
+                item[label] = round(float(values.mean()), 3 if scale == 1.0 else 2)
+                delta = None if supcon is None or key == "supcon" else _paired(r, supcon, key_, scale)
+                if delta is not None:
+                    item[f"Δ{label} vs supcon"] = round(float(delta.mean()), 3 if scale == 1.0 else 2)
+            clip = _per_seed(r, "at_clip")
+            if clip is not None:
+                item["% at clip"] = round(float(clip.mean()), 1)
+            out.append(item)
+    return out
+
+
+SUMMARY_COLUMNS = (("R@1", "{R@1:.1f} ± {R@1 sd:.1f}"), ("Δ R@1 vs best PML (paired)", "{ΔR@1:+.1f} ± {ΔR@1 sd:.1f}"),
+                   ("seeds won", "{seeds won}"), ("parent R@1", "{parent R@1:.1f}"),
+                   ("Δ parent R@1 vs SupCon", "{Δparent R@1 vs supcon:+.1f}"), ("Spearman", "{Spearman:.3f}"),
+                   ("Δ Spearman vs SupCon", "{ΔSpearman vs supcon:+.3f}"), ("% at clip", "{% at clip:.1f}"))
+
+
+def summary_markdown(summary):
+    """The paired table of :func:`paired_summary`, one Markdown table per domain (— where a cell does
+    not apply: the baseline itself, a sphere row's clip share, a domain without parents)."""
+    lines = []
+    for name in dict.fromkeys(item["dataset"] for item in summary):
+        items = [i for i in summary if i["dataset"] == name]
+        best = next((i["best baseline"] for i in items if "best baseline" in i), "—")
+        lines += [f"\n**{name}** (paired over seeds, mean ± sd of the per-seed differences; best PML baseline: "
+                  f"{best})\n", "| row | " + " | ".join(h for h, _ in SUMMARY_COLUMNS) + " |",
+                  "|---|" + "---:|" * len(SUMMARY_COLUMNS)]
+        for item in items:
+            cells = []
+            for _, fmt in SUMMARY_COLUMNS:
+                try:
+                    cells.append(fmt.format(**item))
+                except KeyError:
+                    cells.append("—")
+            lines.append(f"| {item['row']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def target_lines(summary, baselines=BASELINES):
+    """The targets, per domain, read off the paired summary: the best ball row's R@1 margin over the best
+    PML baseline (target ≥ +1), its parent R@1 and Spearman against SupCon's (target ≥ 0), and the
+    largest clip share of a ball row other than SupCon on the ball (target ≤ 50%)."""
+    lines = []
+    for name in dict.fromkeys(item["dataset"] for item in summary):
+        items = {i["row"]: i for i in summary if i["dataset"] == name}
+        ball = [i for k, i in items.items() if "% at clip" in i and k not in baselines + NOT_RECOMMENDED
+                and "ΔR@1" in i]
+        if not ball:
+            continue
+        top = max(ball, key=lambda i: i["ΔR@1"])
+        parts = [f"{name}: best ball row {top['row']} {top['ΔR@1']:+.1f} R@1 over {top['best baseline']} "
+                 f"(target ≥ +1: {'met' if top['ΔR@1'] >= 1 else 'NOT met'})"]
+        for label in ("parent R@1", "Spearman"):
+            key = f"Δ{label} vs supcon"
+            if key in top:
+                digits = 3 if label == "Spearman" else 1
+                parts.append(f"{label} {top[key]:+.{digits}f} vs SupCon ({'met' if top[key] >= 0 else 'NOT met'})")
+        recommended = [i for k, i in items.items() if "% at clip" in i and k not in NOT_RECOMMENDED]
+        worst = max(recommended, key=lambda i: i["% at clip"])
+        parts.append(f"largest clip share of a recommended ball row {worst['% at clip']:.1f}% ({worst['row']}; "
+                     f"{'met' if worst['% at clip'] <= 50 else 'NOT met'})")
+        lines.append("; ".join(parts))
     return lines
 
 
@@ -428,13 +601,20 @@ def markdown_table(results):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--protocol", choices=PROTOCOLS, default="heldout",
+                   help="heldout (default): the held-out benchmark's protocol -- frozen tf_efficientnet_lite0 "
+                        "features, 128-d head only, batch 256 = 64 x 4, AdamW 1e-3, 600 steps, seeds 0-4, the "
+                        f"rows {','.join(HELDOUT_ROWS)} on every development domain ({','.join(DEVELOPMENT_DOMAINS)}) "
+                        "with the paired table; tail: the MobileNetV2 tail protocol (last block trains, 120 steps, "
+                        "3 seeds, every row, glyphs + Fashion-MNIST). Flags below override either.")
     p.add_argument("--quick", action="store_true",
                    help="1 seed, 100 steps, 2-view bank, head-only training, all rows but HCL (~5 min).")
     p.add_argument("--rows", default=None, help=f"comma-separated subset of {list(ROWS)}")
-    p.add_argument("--datasets", default="glyphs,fashion-mnist",
-                   help="comma-separated: glyphs, fashion-mnist (skipped with a note when not installed)")
+    p.add_argument("--datasets", default=None,
+                   help=f"comma-separated, of {', '.join(qc.BANK_DATASETS)} (fashion-mnist skipped with a note when not "
+                        "installed); default: every development domain (heldout), glyphs,fashion-mnist (tail)")
     p.add_argument("--fashion-root", default=None, help="folder with the Fashion-MNIST idx files")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0-4 heldout, 0,1,2 tail; --quick 0)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--image-size", type=int, default=None)
@@ -446,7 +626,8 @@ def parse_args(argv=None):
     p.add_argument("--train-classes", type=int, default=None,
                    help="train on this many of the training classes (diagnostic: how a method depends on the "
                         "number of training classes; the test split is unchanged; HCL's scenes keep every class)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default 2)")
+    p.add_argument("--lr", type=float, default=None, help="AdamW learning rate of the head (and of the tail)")
     p.add_argument("--paired-to", default=None, metavar="ROW",
                    help="also print every row's R@1 minus this row's, paired seed by seed (mean ± s.e.)")
     p.add_argument("--cache-dir", default=None)
@@ -457,6 +638,11 @@ def parse_args(argv=None):
 
 def config_from_args(a):
     cfg = qc.BenchConfig()
+    if a.protocol == "heldout" and not a.quick:
+        for attr, value in HELDOUT_PROTOCOL.items():
+            setattr(cfg, attr, value)
+    if getattr(a, "lr", None) is not None:
+        cfg.lr_tail = cfg.lr_head = a.lr
     if a.quick:
         cfg.steps, cfg.seeds, cfg.views, cfg.recluster_every, cfg.hcl_scenes = 100, (0,), 2, 50, 512
         cfg.trainable = "head"
@@ -475,21 +661,31 @@ def main(argv=None):
     a = parse_args(argv)
     cfg = config_from_args(a)
     qc.set_threads(cfg.threads)
-    rows = a.rows.split(",") if a.rows else (QUICK_ROWS if a.quick else list(ROWS))
+    heldout = a.protocol == "heldout" and not a.quick
+    rows = a.rows.split(",") if a.rows else (QUICK_ROWS if a.quick else list(HELDOUT_ROWS) if heldout else list(ROWS))
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
     if a.paired_to is not None and (a.paired_to not in rows or len(cfg.seeds) < 2):
         raise SystemExit(f"--paired-to needs one of the run's rows {rows} and at least 2 seeds, got "
                          f"{a.paired_to!r} with {len(cfg.seeds)} seed(s)")
+    if a.datasets is None:
+        a.datasets = ",".join(DEVELOPMENT_DOMAINS) if heldout else "glyphs,fashion-mnist"
     datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    unknown = [d for d in datasets if d not in qc.BANK_DATASETS]
+    if unknown:
+        raise SystemExit(f"unknown datasets {unknown}; choose from {list(qc.BANK_DATASETS)}")
     t0 = time.perf_counter()
-    print(f"# bench/quality.py {'--quick ' if a.quick else ''}(pml-hyperbolic method comparison)")
+    print(f"# bench/quality.py {'--quick ' if a.quick else f'--protocol {a.protocol} '}(pml-hyperbolic method comparison)")
     print(f"budget: {cfg.describe()}")
     print(f"machine: {qc.machine_line()}")
     print(f"rows: {rows}")
+    def write_out(results):
+        with open(a.out, "w") as fh:
+            json.dump(results, fh, indent=1)
+
     results = run_table(cfg, rows, datasets, fashion_root=a.fashion_root, use_cache=not a.no_cache,
-                        train_classes=a.train_classes)
+                        train_classes=a.train_classes, progress=write_out if a.out else None)
     wall = time.perf_counter() - t0
     results["wall_seconds"] = wall
     print(markdown_table(results))
@@ -498,11 +694,14 @@ def main(argv=None):
           f"Total wall time {wall:.0f} s; {qc.machine_line()}.")
     if a.paired_to is not None:
         print("\n" + "\n".join(paired_lines(results, a.paired_to)))
+    summary = paired_summary(results)
+    if len(cfg.seeds) > 1:
+        print(summary_markdown(summary))
+        print("\nTargets (test classes, checked here, chosen on validation carves):\n" + "\n".join(target_lines(summary)))
     if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(results, fh, indent=1)
+        write_out(results)
         print(f"results written to {a.out}")
-    return results
+    return summary
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ def tiny(tmp_path_factory):
 
 
 def _check_metrics(m, keys=qc.METRIC_KEYS):
-    assert set(m) == set(keys)
+    # a ball row also reports the share of its test queries at the clip radius (radius_health's count)
+    assert set(m) - {"at_clip"} == set(keys)
+    assert 0.0 <= m.get("at_clip", 0.0) <= 1.0
     for k in keys:
         assert 0.0 <= m[k] <= 1.0 and math.isfinite(m[k])
 
@@ -143,7 +145,7 @@ def test_hierarchy_metrics_reference_values():
     d = (1 - qn @ gn.T).numpy()
     tree = np.where(ql[:, None] == gl[None], 0, np.where(torch.tensor([0, 1, 0])[:, None] == g_parent[None], 1, 2))
     assert out["spearman"] == pytest.approx(spearmanr(d.ravel(), tree.ravel()).statistic, abs=1e-9)
-    with pytest.raises(RuntimeError, match="does not match"):
+    with pytest.raises(RuntimeError, match="do not match"):
         quality.hierarchy_metrics(q, ql, g, gl, None, float("inf"), (torch.tensor([0, 1]), g_parent))
 
 
@@ -319,3 +321,98 @@ def test_fewer_training_classes_keeps_the_test_split(tiny):
     for bad in (1, CLASSES + 1):
         with pytest.raises(SystemExit, match=r"--train-classes must be in \[2, 4\]"):
             quality.with_fewer_training_classes(bank, bad)
+
+
+def _seeded_rows(values):
+    return {"per_seed": [dict(zip(("recall_at_1", "parent_r1", "spearman", "at_clip"), v)) for v in values],
+            "seeds": list(range(len(values)))}
+
+
+def test_paired_summary_against_the_best_pml_baseline():
+    """Every row's R@1 minus the better PML baseline's (by mean R@1), seed by seed: mean, sd and the seeds
+    won; parent R@1 and Spearman against SupCon's; the clip share of a ball row; and the target lines."""
+    rows = {"supcon": _seeded_rows([(0.50, 0.60, 0.20, None), (0.52, 0.61, 0.22, None), (0.51, 0.62, 0.21, None)]),
+            "ms": _seeded_rows([(0.49, 0.58, 0.18, None), (0.50, 0.59, 0.19, None), (0.50, 0.60, 0.20, None)]),
+            "hms": _seeded_rows([(0.53, 0.63, 0.25, 0.0), (0.52, 0.62, 0.26, 0.1), (0.54, 0.61, 0.24, 0.2)]),
+            "supcon_ball": _seeded_rows([(0.40, 0.5, 0.1, 0.99), (0.41, 0.5, 0.1, 0.98), (0.42, 0.5, 0.1, 0.97)])}
+    for r in rows.values():  # the sphere rows have no clip share
+        for m in r["per_seed"]:
+            if m["at_clip"] is None:
+                del m["at_clip"]
+    summary = quality.paired_summary({"datasets": {"icons": {"rows": rows}}})
+    by_row = {i["row"]: i for i in summary}
+    # supcon (mean 51.0) beats ms (49.7): the reference; hms − supcon per seed = +3, 0, +3
+    hms = by_row["hms"]
+    assert hms["best baseline"] == "supcon" and hms["ΔR@1"] == pytest.approx(2.0)
+    assert hms["ΔR@1 sd"] == pytest.approx(float(np.std([3, 0, 3], ddof=1)), abs=0.01)
+    assert hms["seeds won"] == "2/3" and hms["% at clip"] == pytest.approx(10.0)
+    assert hms["Δparent R@1 vs supcon"] == pytest.approx(1.0) and hms["ΔSpearman vs supcon"] == pytest.approx(0.04)
+    assert "ΔR@1" not in by_row["supcon"] and "% at clip" not in by_row["ms"]
+    # a row run on fewer seeds is paired on the seeds it shares with the baseline (seed 1 and 2 here)
+    rows["hms"] = {"per_seed": rows["hms"]["per_seed"][1:], "seeds": [1, 2]}
+    late = {i["row"]: i for i in quality.paired_summary({"datasets": {"icons": {"rows": rows}}})}["hms"]
+    assert late["ΔR@1"] == pytest.approx(1.5) and late["seeds won"] == "1/2"
+    rows["hms"]["seeds"] = [3, 4]  # no shared seed: no paired cell
+    assert "ΔR@1" not in {i["row"]: i for i in quality.paired_summary({"datasets": {"icons": {"rows": rows}}})}["hms"]
+    assert by_row["ms"]["ΔR@1"] == pytest.approx(-1.33, abs=0.01) and by_row["ms"]["seeds won"] == "0/3"
+    text = quality.summary_markdown(summary)
+    assert "| hms | 53.0 ± 1.0 | +2.0 ± 1.7 | 2/3 |" in text and "best PML baseline: supcon" in text
+    (line,) = quality.target_lines(summary)
+    # the best ball row is hms (+2.0 ≥ 1); SupCon on the ball is at the clip but is not a recommended row
+    assert line.startswith("icons: best ball row hms +2.0 R@1 over supcon (target ≥ +1: met)")
+    assert "largest clip share of a recommended ball row 10.0% (hms; met)" in line
+
+
+def test_clip_share_counts_the_queries_at_the_clip_radius():
+    from pml_hyperbolic.geometry import PoincareGeometry
+
+    geometry = PoincareGeometry(c=0.1, clip_r=2.3)
+    direction = torch.nn.functional.normalize(torch.randn(10, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    # the head's largest radius (d0 = 2·clip_r) for a long tangent vector; three of ten queries there
+    at_clip = geometry.to_ball(direction * 50.0)
+    inside = geometry.to_ball(direction * 1.0)
+    points = torch.cat([at_clip[:3], inside[3:]])
+    assert quality.clip_share(points, geometry) == pytest.approx(0.3)
+    assert quality.clip_share(inside, geometry) == 0.0
+
+
+def test_dataset_parents_come_from_the_bank_splits():
+    split = lambda labels, parents: qc.Split(torch.zeros(len(labels), 3), torch.tensor(labels),  # noqa: E731
+                                             None if parents is None else torch.tensor(parents))
+    bank = qc.Bank("icons", split([0], [0]), split([0, 1], [5, 6]), split([1, 0, 1], [6, 5, 6]), torch.nn.Identity(), 3)
+    q, g = quality.dataset_parents(bank)
+    assert q.tolist() == [5, 6] and g.tolist() == [6, 5, 6]
+    assert quality.dataset_parents(qc.Bank("icons", bank.train, split([0], None), split([0], None),
+                                           torch.nn.Identity(), 3)) is None
+    assert quality.dataset_parents(qc.Bank("fashion-mnist", bank.train, bank.query, None, torch.nn.Identity(), 3)) is None
+
+
+def test_row_validation_across_domains():
+    from bench import row_validation as rv
+
+    def runs(*r1):
+        return [{"recall_at_1": v, "parent_r1": 0.5, "at_clip": 0.1} for v in r1]
+
+    table = {("a", "glyphs"): runs(0.50, 0.52), ("b", "glyphs"): runs(0.53, 0.53),
+             ("a", "icons"): runs(0.40, 0.40), ("b", "icons"): runs(0.39, 0.40)}
+    a, b = rv.across_domains(table, ["a", "b"], ["glyphs", "icons"])
+    assert a["mean Δ"] == 0.0 and a["worst Δ"] == 0.0
+    # b − a: glyphs +2.0, icons −0.5 → mean +0.75, worst −0.5
+    assert b["glyphs Δ"] == pytest.approx(2.0) and b["icons Δ"] == pytest.approx(-0.5)
+    assert b["mean Δ"] == pytest.approx(0.75) and b["worst Δ"] == pytest.approx(-0.5)
+    assert b["max % at clip"] == pytest.approx(10.0) and b["icons parent R@1"] == pytest.approx(50.0)
+
+
+def test_heldout_protocol_is_the_default():
+    a = quality.parse_args([])
+    cfg = quality.config_from_args(a)
+    assert (cfg.backbone, cfg.trainable, cfg.batch_size, cfg.samples_per_class, cfg.steps) == (
+        "tf_efficientnet_lite0", "head", 256, 4, 600)
+    assert cfg.lr_head == 1e-3 and cfg.embedding_dim == 128 and cfg.seeds == (0, 1, 2, 3, 4)
+    assert set(quality.DEVELOPMENT_DOMAINS) >= {"glyphs", "icons"} and "fashion-mnist" not in quality.DEVELOPMENT_DOMAINS
+    tail = quality.config_from_args(quality.parse_args(["--protocol", "tail", "--lr", "5e-4"]))
+    assert tail.backbone == qc.BenchConfig.backbone and tail.lr_head == tail.lr_tail == 5e-4
+    assert quality.ROWS["supcon_ball"].recipe == "baseline_ball"
+    assert quality.ROWS["hms_nocal"].argv[-2:] == ["--radial-calibration", "0"]
+    with pytest.raises(SystemExit, match="unknown datasets"):
+        quality.main(["--datasets", "cars"])
