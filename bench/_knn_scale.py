@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from pml_hyperbolic.threads import uncontended_threads
+from pml_hyperbolic.kernels.threads import uncontended_threads
 
 
 def make_gallery(n, d, c, seed, centres=None):

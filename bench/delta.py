@@ -4,7 +4,7 @@
     python -m bench delta --n 1000
 
 Same run, CPU, --threads threads (gromov_delta itself drops to 1 thread when the machine's cores
-are taken; see pml_hyperbolic.threads). Each time is the wall time at --threads with the 1-thread
+are taken; see pml_hyperbolic.kernels.threads). Each time is the wall time at --threads with the 1-thread
 CPU time of the same call beside it (the figure a busy machine distorts least); the load average
 is printed with the table. Peak memory: tracemalloc cannot see torch buffers, so the bench
 reports the analytical size of the largest temporary (ours: G + one tile; naive: n³ floats), the

@@ -1,4 +1,4 @@
-/* The elementwise tail of the all-pairs Poincaré distance kernel (pml_hyperbolic/_pairwise_dist.py),
+/* The elementwise tail of the all-pairs Poincaré distance kernel (pml_hyperbolic/kernels/pairwise.py),
  * fused into one pass over each row: from P (the Gram product) and the column scale q,
  *
  *     W = P_ij q_j,   S = sqrt(W + W²/2),   D = log1p(W + √2 S) / √c,
@@ -6,7 +6,7 @@
  * D written over P, S (kept for the backward) written to its own buffer when one is given.
  * The torch path takes about eight passes and a dispatch per pass for the same thing.
  *
- * Built by pml_hyperbolic/_native.py with the system C compiler (no -march=native, no fast-math:
+ * Built by pml_hyperbolic/kernels/build.py (torch.utils.cpp_extension, through csrc/ops.cpp) (no -march=native, no fast-math:
  * the shared object must run on any CPU of the architecture and keep IEEE results). On x86-64 with
  * GCC the loops are cloned for AVX2+FMA and AVX-512 and picked at load time (target_clones).
  *
@@ -48,7 +48,7 @@
 #endif
 
 /* 1 when the loops have AVX2/AVX-512 clones: the plain x86-64 (SSE2) build is slower than torch's
- * own vectorised ops (docs/design/native-code.md), so _native.py uses it on x86-64 only with clones. */
+ * own vectorised ops (docs/design/native-code.md), so kernels/build.py uses it on x86-64 only with clones. */
 int pml_vector_clones(void)
 {
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(PML_NO_CLONES)
@@ -482,7 +482,7 @@ PML_SYM_GRAD(pml_sym_grad_f64, double, pml_mirror_f64, pml_mirror_block_f64)
  * the tail's row vectors in T, x2_t = (T)x2, p2_t = (T)(2c inv_a),
  * q_t = (T)inv_a (the roundings of torch's .to(dtype)), and in counts[0] the rows with x2 != 0
  * (NaN included: a NaN row is not "at the origin"), in counts[1] the extreme rows,
- * inv_a > extreme_inv_a or 0 < x2 < tiny_sq (pml_hyperbolic._pairwise_dist._extreme_points). */
+ * inv_a > extreme_inv_a or 0 < x2 < tiny_sq (pml_hyperbolic.kernels.gram._extreme_points). */
 #define PML_ROW_TERMS(NAME, T)                                                                       \
     PML_CLONES                                                                                       \
     void NAME(const T *restrict x, long n, long dim, double c, double floor_a, double *restrict x2,   \
