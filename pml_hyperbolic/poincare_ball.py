@@ -370,6 +370,11 @@ def dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     return ((2 / c.sqrt()) * torch.asinh(arg)).to(out_dtype)
 
 
+def _triton_requested() -> bool:
+    """``PML_HYPERBOLIC_TRITON=1`` (read at every call): CUDA tensors take the Triton kernels."""
+    return os.environ.get("PML_HYPERBOLIC_TRITON", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     r"""All-pairs distance matrix: ``x`` (N×D), ``y`` (M×D) → N×M, with
     :math:`D_{ij} = d_c(x_i, y_j)` as in :func:`dist`.
@@ -390,7 +395,7 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     (:func:`pml_hyperbolic.kernels.triton_pairwise.pairwise_poincare_dist_triton`); opt-in until
     they are verified on a GPU (design note: docs/design/gpu-kernel.md).
     """
-    if x.device.type == "cuda" and os.environ.get("PML_HYPERBOLIC_TRITON", "0").strip() in ("1", "true", "yes", "on"):
+    if isinstance(x, Tensor) and x.device.type == "cuda" and _triton_requested():
         from .kernels.triton_pairwise import pairwise_poincare_dist_triton, triton_available
 
         if triton_available(x.device):

@@ -432,3 +432,15 @@ def test_non_tensor_and_meta_inputs_are_rejected():
 def test_curvature_outside_the_range_is_rejected(c):
     with pytest.raises(ValueError, match="must lie in"):
         pb.as_curvature(c)
+
+
+def test_the_triton_switch_leaves_cpu_tensors_on_the_exact_cpu_path(monkeypatch):
+    from pml_hyperbolic import poincare_ball
+
+    x = 0.2 * torch.randn(12, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    expected = poincare_ball.pairwise_dist(x, x, 0.1)
+    monkeypatch.setenv("PML_HYPERBOLIC_TRITON", "1")
+    assert poincare_ball._triton_requested()
+    assert torch.equal(poincare_ball.pairwise_dist(x, x, 0.1), expected)
+    monkeypatch.setenv("PML_HYPERBOLIC_TRITON", "0")
+    assert not poincare_ball._triton_requested()
