@@ -4,15 +4,13 @@ Design note: docs/design/iconify-domain.md
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Dict, Optional, Union
 
 import numpy as np
-from PIL import Image
-from torch.utils.data import Dataset
 
 from ._archive import read_npz_archive
+from ._styled_archive import StyledArchiveDataset, existing_archive
 
 BUNDLED_ICONIFY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "iconify_sets.npz")
 ICONIFY_FILE_NAME = "iconify_sets.npz"
@@ -57,7 +55,7 @@ def resolve_iconify_path(root: Optional[Union[str, os.PathLike]] = None) -> str:
     return path
 
 
-class IconifyDataset(Dataset):
+class IconifyDataset(StyledArchiveDataset):
     """Monochrome icons of many open icon sets (npm ``@iconify-json/*``); classes are icon concepts, parents topics.
 
     Built by ``python -m pml_hyperbolic.data.build_iconify`` from pinned versions of
@@ -114,68 +112,15 @@ class IconifyDataset(Dataset):
     Design note: docs/design/iconify-domain.md
     """
 
-    SPLITS = ("train", "test", "query", "gallery")
-
     def __init__(self, split: str = "train", transform: Optional[Callable] = None,
                  root: Optional[Union[str, os.PathLike]] = None):
-        if split not in self.SPLITS:
-            raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
-        if transform is not None and not callable(transform):
-            raise ValueError(f"transform must be callable or None, got {type(transform).__name__}")
-        path = resolve_iconify_path(root)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Iconify icon-set array file {path} not found; {_REBUILD_HINT}")
-        archive = read_iconify_archive(path)
-        item_classes = archive["item_classes"].astype(np.int64)
-        item_sets = archive["item_sets"].astype(np.int64)
-        class_parents = archive["class_parents"].astype(np.int64)
-        class_is_test = archive["class_is_test"].astype(bool)
-        set_groups = archive["set_groups"]
-        self.metadata = json.loads(str(archive["metadata"]))
-
-        self.split = split
-        self.transform = transform
-        keep = class_is_test[item_classes] if split != "train" else ~class_is_test[item_classes]
-        if split in ("query", "gallery"):
-            keep &= set_groups[item_sets] == split
-        indices = np.flatnonzero(keep)
-        self._images = archive["images"]
-        self.indices = indices
-        class_ids = item_classes[indices]
-        self.set_ids = item_sets[indices]
-        self.set_names = archive["set_names"][self.set_ids]
-        self.set_groups = set_groups[self.set_ids]
-        self.icon_names = archive["item_icons"][indices]
-
-        # Remap over all classes of the split side (query and gallery share it).
-        side_classes = np.flatnonzero(class_is_test if split != "train" else ~class_is_test)
-        self.labels = np.searchsorted(side_classes, class_ids).astype(np.int64)
-        parent_ids, class_to_parent = np.unique(class_parents[side_classes], return_inverse=True)
-        self.super_labels = class_to_parent.reshape(-1)[self.labels].astype(np.int64)
-        self.parent_labels = self.super_labels
-        self.hierarchical_labels = np.stack([self.labels, self.super_labels], axis=1)
-        self.class_names = archive["class_names"][side_classes]
-        self.parent_names = archive["parent_names"][parent_ids]
-        self.num_classes = len(side_classes)
-        self.num_super_classes = len(parent_ids)
-
-    @property
-    def image_size(self) -> int:
-        """Side of the square images in pixels."""
-        return int(self._images.shape[1])
-
-    def pixel_array(self) -> np.ndarray:
-        """``(N, H, W)`` uint8 greyscale array of the split (255 = white background): for raw-pixel baselines."""
-        return self._images[self.indices]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        image = Image.fromarray(self._images[self.indices[index]])  # greyscale ("L")
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[index])
+        self.check_arguments(split, transform)
+        archive = read_iconify_archive(existing_archive(resolve_iconify_path(root), "Iconify icon-set", _REBUILD_HINT))
+        super().__init__(split, transform, archive, "item_sets", "set_groups")
+        self.set_ids = self.style_ids
+        self.set_names = archive["set_names"][self.style_ids]
+        self.set_groups = self.style_groups
+        self.icon_names = archive["item_icons"][self.indices]
 
     def __repr__(self) -> str:
         return (

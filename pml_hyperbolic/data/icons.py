@@ -4,15 +4,13 @@ Design note: docs/design/icons-domain.md
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Dict, Optional, Union
 
 import numpy as np
-from PIL import Image
-from torch.utils.data import Dataset
 
 from ._archive import read_npz_archive
+from ._styled_archive import StyledArchiveDataset, existing_archive
 
 BUNDLED_ICONS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "icon_themes.npz")
 ICONS_FILE_NAME = "icon_themes.npz"
@@ -57,7 +55,7 @@ def resolve_icons_path(root: Optional[Union[str, os.PathLike]] = None) -> str:
     return path
 
 
-class IconDataset(Dataset):
+class IconDataset(StyledArchiveDataset):
     """freedesktop.org icons drawn by many icon themes; classes are icon names, super-classes contexts.
 
     Built by ``python -m pml_hyperbolic.data.build_icons`` from Debian's icon-theme
@@ -106,69 +104,14 @@ class IconDataset(Dataset):
     Design note: docs/design/icons-domain.md
     """
 
-    SPLITS = ("train", "test", "query", "gallery")
-
     def __init__(self, split: str = "train", transform: Optional[Callable] = None,
                  root: Optional[Union[str, os.PathLike]] = None):
-        if split not in self.SPLITS:
-            raise ValueError(f"split must be one of {self.SPLITS}, got {split!r}")
-        if transform is not None and not callable(transform):
-            raise ValueError(f"transform must be callable or None, got {type(transform).__name__}")
-        path = resolve_icons_path(root)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"icon array file {path} not found; {_REBUILD_HINT}")
-        archive = read_icon_archive(path)
-        item_classes = archive["item_classes"].astype(np.int64)
-        item_themes = archive["item_themes"].astype(np.int64)
-        class_parents = archive["class_parents"].astype(np.int64)
-        class_is_test = archive["class_is_test"].astype(bool)
-        theme_groups = archive["theme_groups"]
-        self.metadata = json.loads(str(archive["metadata"]))
-
-        self.split = split
-        self.transform = transform
-        keep = class_is_test[item_classes] if split != "train" else ~class_is_test[item_classes]
-        if split == "query":
-            keep &= theme_groups[item_themes] == "query"
-        elif split == "gallery":
-            keep &= theme_groups[item_themes] == "gallery"
-        indices = np.flatnonzero(keep)
-        self._images = archive["images"]
-        self.indices = indices
-        class_ids = item_classes[indices]
-        self.theme_ids = item_themes[indices]
-        self.theme_names = archive["theme_names"][self.theme_ids]
-        self.theme_groups = theme_groups[self.theme_ids]
-
-        # Remap over all classes of the split side (query and gallery share it).
-        side_classes = np.flatnonzero(class_is_test if split != "train" else ~class_is_test)
-        self.labels = np.searchsorted(side_classes, class_ids).astype(np.int64)
-        parent_ids, class_to_parent = np.unique(class_parents[side_classes], return_inverse=True)
-        self.super_labels = class_to_parent.reshape(-1)[self.labels].astype(np.int64)
-        self.parent_labels = self.super_labels
-        self.hierarchical_labels = np.stack([self.labels, self.super_labels], axis=1)
-        self.class_names = archive["class_names"][side_classes]
-        self.parent_names = archive["parent_names"][parent_ids]
-        self.num_classes = len(side_classes)
-        self.num_super_classes = len(parent_ids)
-
-    @property
-    def image_size(self) -> int:
-        """Side of the square images in pixels."""
-        return int(self._images.shape[1])
-
-    def pixel_array(self) -> np.ndarray:
-        """``(N, H, W, 3)`` uint8 RGB array of the split (255 = white background): for raw-pixel baselines."""
-        return self._images[self.indices]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int):
-        image = Image.fromarray(self._images[self.indices[index]])  # RGB
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[index])
+        self.check_arguments(split, transform)
+        archive = read_icon_archive(existing_archive(resolve_icons_path(root), "icon", _REBUILD_HINT))
+        super().__init__(split, transform, archive, "item_themes", "theme_groups")
+        self.theme_ids = self.style_ids
+        self.theme_names = archive["theme_names"][self.style_ids]
+        self.theme_groups = self.style_groups
 
     def __repr__(self) -> str:
         return (
