@@ -77,6 +77,33 @@ def training_class_count(dataset: Any) -> int:
     return int(labels.max()) + 1
 
 
+def pseudo_label_options(args: Any, paper_config: Optional[dict] = None) -> dict:
+    """Keyword arguments of ``UnsupervisedPseudoLabels`` from the unsupervised recipe's flags:
+    ``paper_config`` (the paper's policy, ``--paper-pseudo-labels``) or nothing, then every flag
+    given on top: ``--levels`` (a tuple), ``--linkage``, ``--pseudo-source``, ``--whiten`` (0 means
+    no whitening: None) and ``--min-cluster-size``. Flags left at None keep the base value.
+
+    Why here: the recipe file stays configuration, and this mapping is reachable by a test.
+
+    Args:
+        args: the parsed arguments (``levels``, ``linkage``, ``pseudo_source``, ``whiten``,
+            ``min_cluster_size``; a missing one counts as None).
+        paper_config: the base options, or None for the policy's own defaults.
+
+    Returns:
+        The options, without ``c`` and ``seed`` (the recipe adds its geometry and seed).
+
+    Design note: docs/design/training.md
+    """
+    options = dict(paper_config) if paper_config else {}
+    for key, flag in (("levels", "levels"), ("linkage", "linkage"), ("source", "pseudo_source"),
+                      ("whiten", "whiten"), ("min_cluster_size", "min_cluster_size")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            options[key] = tuple(value) if key == "levels" else (None if key == "whiten" and value == 0 else value)
+    return options
+
+
 class RecipeDataMixin:
     """Data of a recipe run: ``self.train_set`` / ``self.train_eval_set`` (two views of the same
     training images), ``self.eval_sets`` and ``self.splits_to_eval``, and the sampler.
