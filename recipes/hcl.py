@@ -114,35 +114,10 @@ class HCL(RecipeCommandLine):
                  "Use --freeze-trunk false to train the representation.")
 
     def setup_data(self):
-        from pml_hyperbolic.data import GlyphDataset, build_transforms
-        from pml_hyperbolic.training.evaluation import eval_protocol
-        from pml_hyperbolic.training.runner import seeded_subset
-        from pml_hyperbolic.training.scene_objects import CocoSceneObjects, ComposedGlyphScenes
+        from pml_hyperbolic.training.scene_objects import hcl_scene_data
 
-        a = self.args
-        if a.annotations:
-            if not a.images_dir:
-                raise ConfigError("--annotations needs --images-dir (the folder its file_name entries are in)")
-            try:
-                self.train_set = CocoSceneObjects(a.annotations, a.images_dir, image_size=a.image_size,
-                                                  max_objects=max(2, a.max_objects), seed=a.seed)
-            except (FileNotFoundError, ValueError) as err:
-                raise ConfigError(f"{err}. Give a COCO-style file (images, annotations with bbox [x, y, w, h]).")
-            self.dataset_name = "coco"
-        else:
-            self.say("[pml-hyperbolic] no --annotations: training on scenes composed from the bundled glyph "
-                     "dataset. Use --annotations FILE --images-dir DIR for COCO-style data.")
-            self.train_set = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=a.max_train_samples,
-                                                 canvas_size=a.canvas_size,
-                                                 max_objects=a.max_objects, image_size=a.image_size, seed=a.seed,
-                                                 glyph_augmentation=a.view_augmentation)
-            self.dataset_name = "glyphs"
-        eval_tf = build_transforms("glyph", train=False, image_size=a.image_size, resize_size=a.resize_size)
-        self.train_eval_set = GlyphDataset("train", transform=eval_tf)
-        self.data_root = None
-        self.splits_to_eval = eval_protocol("glyphs")
-        self.eval_sets = {s: seeded_subset(GlyphDataset(s, transform=eval_tf), a.max_eval_samples, a.seed)
-                          for s in ("query", "gallery")}
+        for name, value in hcl_scene_data(self.args, self.say).items():
+            setattr(self, name, value)
 
     def setup_model(self):
         super().setup_model()

@@ -99,13 +99,11 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
         """The recipe's pseudo-label policy (built once: it caches feature-based labels)."""
         if getattr(self, "_pseudo_policy", None) is None:
             from pml_hyperbolic.training.pseudo_labels import UnsupervisedPseudoLabels
+            from pml_hyperbolic.training.recipe_data import pseudo_label_options
 
             a = self.args
-            kw = dict(UnsupervisedPseudoLabels.paper(c=self.geometry).config()) if a.paper_pseudo_labels else {}
-            for key, value in (("levels", a.levels), ("linkage", a.linkage), ("source", a.pseudo_source),
-                               ("whiten", a.whiten), ("min_cluster_size", a.min_cluster_size)):
-                if value is not None:
-                    kw[key] = tuple(value) if key == "levels" else (None if key == "whiten" and value == 0 else value)
+            paper = UnsupervisedPseudoLabels.paper(c=self.geometry).config() if a.paper_pseudo_labels else None
+            kw = pseudo_label_options(a, paper)
             kw.update(c=self.geometry, seed=a.seed)
             self._pseudo_policy = UnsupervisedPseudoLabels(**kw)
         return self._pseudo_policy

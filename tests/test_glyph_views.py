@@ -151,3 +151,25 @@ def test_recipe_flag_default_choices_and_coco_conflict(tmp_path):
                       "--view-augmentation", "font"])
     with pytest.raises(ConfigError, match="--view-augmentation font applies to the bundled glyph scenes"):
         HCL.preflight(coco)
+
+
+def test_hcl_scene_data_glyph_scenes_and_bad_annotations():
+    """The HCL recipe's data: composed glyph scenes (said once) with the glyph query/gallery splits
+    capped at --max-eval-samples; --annotations without --images-dir is one clear error."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from pml_hyperbolic.training.config import ConfigError
+    from pml_hyperbolic.training.scene_objects import hcl_scene_data
+
+    args = SimpleNamespace(annotations=None, images_dir=None, image_size=32, resize_size=None, max_objects=2,
+                           canvas_size=64, max_train_samples=5, max_eval_samples=7, view_augmentation="crop", seed=0)
+    said = []
+    data = hcl_scene_data(args, said.append)
+    assert len(said) == 1 and "no --annotations" in said[0]
+    assert data["dataset_name"] == "glyphs" and data["data_root"] is None
+    assert isinstance(data["train_set"], ComposedGlyphScenes) and len(data["train_set"]) == 5
+    assert set(data["eval_sets"]) == {"query", "gallery"} and all(len(ds) == 7 for ds in data["eval_sets"].values())
+    with pytest.raises(ConfigError, match="--images-dir"):
+        hcl_scene_data(SimpleNamespace(**{**vars(args), "annotations": "a.json"}), said.append)

@@ -58,3 +58,21 @@ def test_training_class_count_declared_inferred_and_bad_labels():
     for labels, shown in (([], "none"), ([2, -1], "-1")):
         with pytest.raises(ConfigError, match=f"non-negative class indices.*got {shown}"):
             training_class_count(SimpleNamespace(labels=labels))
+
+
+def test_pseudo_label_options_from_flags():
+    """The unsupervised recipe's flags on top of the base policy: levels become a tuple, --whiten 0
+    turns whitening off, unset flags keep the base value, the base dict is not modified."""
+    from types import SimpleNamespace
+
+    from pml_hyperbolic.training.recipe_data import pseudo_label_options
+
+    unset = dict(levels=None, linkage=None, pseudo_source=None, whiten=None, min_cluster_size=None)
+    assert pseudo_label_options(SimpleNamespace(**unset)) == {}
+    base = {"levels": (100, 70), "linkage": "ward", "whiten": 64}
+    flags = SimpleNamespace(**{**unset, "levels": [40, 10], "pseudo_source": "embeddings", "whiten": 0,
+                               "min_cluster_size": 3})
+    assert pseudo_label_options(flags, base) == {"levels": (40, 10), "linkage": "ward", "whiten": None,
+                                                 "source": "embeddings", "min_cluster_size": 3}
+    assert base == {"levels": (100, 70), "linkage": "ward", "whiten": 64}
+    assert pseudo_label_options(SimpleNamespace(**{**unset, "whiten": 32}))["whiten"] == 32

@@ -219,3 +219,57 @@ class CocoSceneObjects(_SceneObjectBase):
         chosen = int(rng.integers(k))
         image = Image.open(os.path.join(self.image_dir, file_name)).convert("RGB")
         return self.make_item(image, boxes, chosen, anns[picked[chosen]][1])
+
+
+def hcl_scene_data(args: Any, say: Callable[[str], None]) -> dict:
+    """The data of the HCL recipe: scene/object training items, from ``--annotations`` (COCO-style,
+    :class:`CocoSceneObjects`) or composed from the bundled glyphs (:class:`ComposedGlyphScenes`,
+    with a line through ``say`` saying so); Recall@K runs on the glyph query/gallery splits
+    (at most ``--max-eval-samples`` each) whichever data trains.
+
+    Why here: the recipe file stays configuration, and this choice of data is reachable by a test.
+
+    Args:
+        args: the recipe's parsed arguments (``annotations``, ``images_dir``, ``image_size``,
+            ``resize_size``, ``max_objects``, ``canvas_size``, ``max_train_samples``,
+            ``max_eval_samples``, ``view_augmentation``, ``seed``).
+        say: prints a line on the main process.
+
+    Returns:
+        ``{"train_set", "dataset_name", "train_eval_set", "data_root", "splits_to_eval", "eval_sets"}``,
+        the recipe's attributes of the same names.
+
+    Raises:
+        ConfigError: ``--annotations`` without ``--images-dir``, or a file that is not COCO-style.
+
+    Design note: docs/design/training.md
+    """
+    from ..data import GlyphDataset, build_transforms
+    from .config import ConfigError
+    from .evaluation import eval_protocol
+    from .recipe_data import seeded_subset
+
+    a = args
+    if a.annotations:
+        if not a.images_dir:
+            raise ConfigError("--annotations needs --images-dir (the folder its file_name entries are in)")
+        try:
+            train_set = CocoSceneObjects(a.annotations, a.images_dir, image_size=a.image_size,
+                                         max_objects=max(2, a.max_objects), seed=a.seed)
+        except (FileNotFoundError, ValueError) as err:
+            raise ConfigError(f"{err}. Give a COCO-style file (images, annotations with bbox [x, y, w, h]).")
+        dataset_name = "coco"
+    else:
+        say("[pml-hyperbolic] no --annotations: training on scenes composed from the bundled glyph "
+            "dataset. Use --annotations FILE --images-dir DIR for COCO-style data.")
+        train_set = ComposedGlyphScenes(GlyphDataset("train"), num_scenes=a.max_train_samples,
+                                        canvas_size=a.canvas_size,
+                                        max_objects=a.max_objects, image_size=a.image_size, seed=a.seed,
+                                        glyph_augmentation=a.view_augmentation)
+        dataset_name = "glyphs"
+    eval_tf = build_transforms("glyph", train=False, image_size=a.image_size, resize_size=a.resize_size)
+    return {"train_set": train_set, "dataset_name": dataset_name,
+            "train_eval_set": GlyphDataset("train", transform=eval_tf), "data_root": None,
+            "splits_to_eval": eval_protocol("glyphs"),
+            "eval_sets": {s: seeded_subset(GlyphDataset(s, transform=eval_tf), a.max_eval_samples, a.seed)
+                          for s in ("query", "gallery")}}

@@ -1,0 +1,114 @@
+"""The faiss side of one search of :class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, batch by
+batch: the faiss index it builds, the candidate count k' = k + margin, the rows of one batch, the
+faiss call (with the caller's thread count), and the loop that certifies each batch's rows or
+widens their candidates (a mixin: the class holds the state; the certification itself is in
+:mod:`.certified`, the lift in :mod:`.lift`).
+
+Why: for a query q, the float32 inner product with the lifted references orders the candidates of
+:math:`d_c(q, y) = \frac{1}{\sqrt{c}} \operatorname{arcosh}(-\langle X, Y \rangle_L)`; faiss
+returns k' of them, and :meth:`CertifiedSearchMixin._refine` keeps the rows whose gap test proves
+the top k exact.
+
+Design note: docs/design/knn-index.md
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import approximate as _approx
+from .lift import _lift_parts
+
+try:  # faiss-cpu or faiss-gpu
+    import faiss
+except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
+    faiss = None
+
+
+class FaissBatchMixin:
+    """Building the faiss index and running one batch of queries through it, exact rows certified."""
+
+    def _new_faiss_index(self, dim: int):
+        if not self._exact:
+            index, self._pad = _approx.new_index(self.factory, dim)
+            _approx.set_construction(index, self.ef_construction)
+            return index
+        index = faiss.IndexFlatIP(dim)
+        # only the flat index moves automatically; use_gpu=False keeps it on the CPU
+        has_gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+        if has_gpu and self.use_gpu is not False:
+            index = faiss.index_cpu_to_all_gpus(index)
+            self._on_gpu = True
+        return index
+
+    def _margin(self, k: int) -> int:
+        # a few candidates past k are enough for the gap test of the certification to succeed
+        return self.margin if self.margin is not None else max(4, k // 32)
+
+    def _rows_per_batch(self, k: int) -> int:
+        # at most batch_size, and few enough that each (rows x k') int64 / float64 array of a batch
+        # stays at 16 MB: the allocator then reuses its memory from batch to batch, while larger
+        # blocks (glibc maps anything over 32 MB afresh) are new pages every time
+        rows = max(1, (1 << 21) // (k + 1 + self._margin(k)))
+        return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
+
+    def _faiss_search(self, Q32: Tensor, kk: int):
+        # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
+        post = torch.get_num_threads()
+        faiss.omp_set_num_threads(getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
+        try:
+            Q32 = np.ascontiguousarray(Q32.numpy())
+            if self._exact:
+                s, i = self._index.search(Q32, kk)
+                return torch.from_numpy(s), torch.from_numpy(i)
+            _approx.set_search(self._index, self.nprobe, max(self.ef_search, kk))
+            # each query scaled onto the database's sphere |Y'| = M (same order for that query)
+            scale = self._mips_m / np.linalg.norm(Q32.astype(np.float64), axis=1, keepdims=True)
+            l2, i = self._index.search(_approx.augment_query((Q32 * scale).astype(np.float32), self._pad), kk)
+            s = (2.0 * self._mips_m ** 2 - l2) / (2.0 * scale)  # back to the inner product
+            return torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
+        finally:
+            torch.set_num_threads(post)
+
+    def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor], q32: Optional[Tensor],
+                      out_dtype: torch.dtype):
+        n = self.ntotal
+        kk_needed = k + (1 if ids is not None else 0)
+        kk = min(n, kk_needed + self._margin(k))
+        pending, self._pending_self_lift = self._pending_self_lift, None
+        if q is self._ball and pending is not None:  # the lift add() computed for these points
+            X0, tail = pending
+        else:
+            X0, tail = _lift_parts(q, *self._query_terms(q), self.c)
+        # Q = X / X_0 with Q_0 = -1, rounded to float32 (the division, then the rounding: bit for bit
+        # what dividing pb.to_lorentz's output gives)
+        Q32 = torch.empty(q.shape[0], q.shape[1] + 1, dtype=torch.float32)
+        Q32[:, 0] = -1.0
+        Q32[:, 1:] = tail.div_(X0[:, None])
+        qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
+        s, idx = self._faiss_search(Q32, kk)
+        if not self._exact:
+            return self._rerank(q, s, idx, k, ids, out_dtype, q32)
+        # one faiss call and O(B·k') vectorised work; rows it cannot certify (rare) are searched
+        # again with more candidates
+        out_d, out_i, ok = self._refine(q, X0, qnorm, s, idx, k, ids, kk >= n, q32, out_dtype)
+        todo = (~ok).nonzero(as_tuple=True)[0]
+        # beyond this many candidates a row is settled by a chunked exact scan instead: a block of
+        # (near-)duplicates, whose ties go by index, would otherwise double k' up to N (O(B·N))
+        kk_cap = max(4 * kk_needed, 256)
+        while todo.numel() > 0:
+            kk = min(n, 2 * kk)
+            sub_ids = None if ids is None else ids[todo]
+            if kk > kk_cap:
+                d, i = self._exact_scan(q[todo], k, sub_ids)
+                out_d[todo], out_i[todo] = d.to(out_dtype), i
+                break
+            s, idx = self._faiss_search(Q32[todo], kk)
+            d, i, ok = self._refine(q[todo], X0[todo], qnorm[todo], s, idx, k, sub_ids, kk >= n,
+                                    None if q32 is None else q32[todo], out_dtype)
+            out_d[todo[ok]], out_i[todo[ok]] = d[ok], i[ok]
+            todo = todo[~ok]
+        return out_d, out_i
