@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results")
 SCHEMA = os.path.join(RESULTS, "schema.json")
 _TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
@@ -148,7 +148,7 @@ def test_no_sys_path_edits_in_bench_or_in_tests_that_use_it():
         with open(path, encoding="utf-8") as fh:
             if "sys.path" in fh.read():
                 offenders.append(os.path.relpath(path, ROOT))
-    for path in glob.glob(os.path.join(ROOT, "tests", "*.py")):
+    for path in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True):
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
         if re.search(r"sys\.path\.(insert|append)", text) and re.search(r"""["']bench["']""", text):

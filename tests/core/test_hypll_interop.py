@@ -283,7 +283,7 @@ def test_readme_example_trains_a_hypll_network(capsys):
 def test_readme_hypll_example_is_the_tested_code():
     import os
 
-    readme = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "plug-into-pml.md")
+    readme = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs", "plug-into-pml.md")
     with open(readme, encoding="utf-8") as fh:
         text = fh.read()
     block = text.split("## hypll networks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

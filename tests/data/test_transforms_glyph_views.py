@@ -138,7 +138,7 @@ def test_glyph_view_transform_refuses_bad_arguments():
 
 
 def test_recipe_flag_default_choices_and_coco_conflict(tmp_path):
-    from test_recipe_end_to_end import load_recipe
+    from tests.recipes.test_recipe_end_to_end import load_recipe
     from pml_hyperbolic.training.cli import ConfigError
 
     HCL = load_recipe("hcl").HCL

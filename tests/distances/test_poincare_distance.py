@@ -44,7 +44,7 @@ def test_compute_mat_agrees_with_pairwise_distance(dtype):
 
 
 def test_reference_value():
-    # Same value as tests/test_poincare_ball.py::test_reference_values (mpmath, c = 1).
+    # Same value as tests/core/test_poincare_ball.py::test_reference_values (mpmath, c = 1).
     x = torch.tensor([[0.3, -0.2]], dtype=torch.float64)
     y = torch.tensor([[-0.1, 0.6]], dtype=torch.float64)
     torch.testing.assert_close(PoincareDistance(c=1.0)(x, y), torch.tensor([[2.0423399433083769]], dtype=torch.float64))

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "bench")
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "bench")
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -40,7 +40,7 @@ def test_smoke_and_shapes():
 
 
 def test_reference_value():
-    # tests/test_poincare_distance.py::test_reference_value: d_1 = 2.0423399433083769 (mpmath), so
+    # tests/distances/test_poincare_distance.py::test_reference_value: d_1 = 2.0423399433083769 (mpmath), so
     # with T = 4: s = 1 - 2.0423399433083769 / 4 = 0.48941501417290578
     x = torch.tensor([[0.3, -0.2]], dtype=torch.float64)
     y = torch.tensor([[-0.1, 0.6]], dtype=torch.float64)

@@ -227,7 +227,7 @@ def test_summary_line_and_a_healthy_summary_unchanged():
 
 @pytest.fixture
 def tiny_recipe():
-    from test_recipe_end_to_end import TINY, load_recipe
+    from tests.recipes.test_recipe_end_to_end import TINY, load_recipe
 
     return TINY, load_recipe("hyp_vit").HypViT
 

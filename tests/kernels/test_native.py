@@ -18,7 +18,7 @@ from pml_hyperbolic.kernels.self_check import self_check
 from pml_hyperbolic.kernels import tail
 from pml_hyperbolic import poincare_ball as pb
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout these tests belong to
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout these tests belong to
 C = 0.1
 TOL = {torch.float32: 1e-6, torch.float64: 1e-14}
 

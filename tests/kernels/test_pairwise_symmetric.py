@@ -3,7 +3,7 @@ evaluation per unordered pair, mirrored; backward weights (U + Uᵀ)/S in one pa
 
 Every result is compared with the general path of the same kernel (``PML_HYPERBOLIC_NATIVE=0``:
 full Gram product and torch tail), itself checked against float64 references in
-``test_pairwise_dist.py``."""
+``test_pairwise.py``."""
 from __future__ import annotations
 
 import math

@@ -50,7 +50,7 @@ in_interpreter = pytest.mark.skipif(
 def test_interpreter_tests_in_a_child_process():
     if RUNNABLE or not HAVE_TRITON:
         pytest.skip("the kernel tests run in this process" if RUNNABLE else "triton is not installed")
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -334,7 +334,7 @@ def test_registered_names():
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 def test_kernels_compile_for_a_gpu_without_one(tmp_path):
     """Triton's full pipeline to a cubin for sm_90 (what the interpreter never does), float32 inputs."""
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # a real compile, not a cache hit
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))

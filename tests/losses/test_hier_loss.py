@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from pml_hyperbolic.losses import HIERLoss
 
-from _loss_reference import poincare
+from tests.losses._loss_reference import poincare
 
 
 def ball_points(n, d, c, seed, dtype=torch.float64):

@@ -16,7 +16,7 @@ from pml_hyperbolic.losses import (HierarchicalLogRatioLoss, HierarchicalMarginL
                                    UncertaintyAdaptiveTripletLoss)
 from pml_hyperbolic import poincare_ball as pb
 
-import _loss_reference as ref
+from tests.losses import _loss_reference as ref
 
 
 def all_losses():

@@ -9,7 +9,7 @@ from pml_hyperbolic.distances import PoincareDistance
 from pml_hyperbolic.losses import (HierarchicalLogRatioLoss, HierarchicalMarginLoss, PairwiseCrossEntropyLoss,
                                    UncertaintyAdaptiveContrastiveLoss, UncertaintyAdaptiveTripletLoss)
 
-import _loss_reference as ref
+from tests.losses import _loss_reference as ref
 
 CASES = [(c, m, use_ref) for c in (0.1, 1.0) for m in (2, 3) for use_ref in (False, True)]
 

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README_MAX_LINES = 250
 BLOCK_TIMEOUT_S = 300

@@ -9,7 +9,7 @@ import ast
 import functools
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = "pml_hyperbolic"
 
 

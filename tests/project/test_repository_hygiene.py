@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Built from pieces so that this file does not match its own patterns.
 WORK_STEP = re.compile(r"\b" + "st" + r"op[ _-]?\d+", re.I)

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from test_recipe_end_to_end import RECIPES, TINY, load_recipe
+from tests.recipes.test_recipe_end_to_end import RECIPES, TINY, load_recipe
 
 ALL_RECIPES = (("hyp_vit", "HypViT"), ("hyp_mix", "HypMix"), ("hyp_uml_cars", "HypUML"),
                ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"), ("hcl", "HCL"), ("hier", "HIER"))

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from test_recipe_end_to_end import RECIPES, TINY, load_recipe
+from tests.recipes.test_recipe_end_to_end import RECIPES, TINY, load_recipe
 
 
 def fails(recipe, cls, argv, capsys):

@@ -8,9 +8,9 @@ import pytest
 
 from pml_hyperbolic.training import presets
 from pml_hyperbolic.training.cli import show_value
-from test_recipe_end_to_end import load_recipe
+from tests.recipes.test_recipe_end_to_end import load_recipe
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
 DOCS = os.path.join(ROOT, "docs", "recipes")
 PAGES = {"hyp-uml.md": ("hyp_uml_cars", "HypUML"), "hyp-vit.md": ("hyp_vit", "HypViT"),
          "hyp-mix.md": ("hyp_mix", "HypMix"), "unsupervised.md": ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"),

@@ -11,7 +11,7 @@ import torch
 from pml_hyperbolic.training.checkpoint import read_checkpoint
 from pml_hyperbolic.training.presets import HCL_GLYPH_HYPERBOLIC_WEIGHT
 
-RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
+RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "recipes")
 
 
 def load_recipe(name):

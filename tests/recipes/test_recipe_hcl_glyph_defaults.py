@@ -4,7 +4,7 @@ away and remains the default with --annotations."""
 import pytest
 
 from pml_hyperbolic.training import presets
-from test_recipe_end_to_end import load_recipe
+from tests.recipes.test_recipe_end_to_end import load_recipe
 
 
 def test_glyph_preset_gives_the_validation_choice(tmp_path):
@@ -35,7 +35,7 @@ def test_help_states_the_glyph_defaults_and_the_page_the_choice_command():
     assert presets.HCL_GLYPH_CHOICE_COMMAND.startswith("python -m bench hcl_validation")
     from pathlib import Path
 
-    page = Path(__file__).resolve().parent.parent / "docs" / "recipes" / "hcl.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "hcl.md"
     assert presets.HCL_GLYPH_CHOICE_COMMAND in " ".join(page.read_text(encoding="utf-8").split())
 
 

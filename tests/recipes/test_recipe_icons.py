@@ -12,7 +12,7 @@ from pml_hyperbolic.training.config import DATASET_ALIASES
 from pml_hyperbolic.training.distributed import DistributedContext
 from pml_hyperbolic.training.evaluation import eval_protocol
 from pml_hyperbolic.training.runner import resolve_dataset
-from test_recipe_end_to_end import TINY, load_recipe
+from tests.recipes.test_recipe_end_to_end import TINY, load_recipe
 
 # every recipe that runs on --dataset glyphs (HCL composes its scenes from glyphs: tested apart)
 RECIPES = [("hyp_uml_cars", "HypUML"), ("hyp_vit", "HypViT"), ("hyp_mix", "HypMix"),

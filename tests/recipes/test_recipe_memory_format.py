@@ -3,7 +3,7 @@ the same run either way up to the convolutions' rounding."""
 import pytest
 import torch
 
-from test_recipe_end_to_end import load_recipe, run
+from tests.recipes.test_recipe_end_to_end import load_recipe, run
 
 
 def conv_weights(module):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
+RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "recipes")
 
 
 @pytest.mark.slow

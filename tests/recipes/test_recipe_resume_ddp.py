@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from test_recipe_end_to_end import RECIPES, TINY, load_recipe
+from tests.recipes.test_recipe_end_to_end import RECIPES, TINY, load_recipe
 
 TWO_EPOCHS = [a if a != "1" or TINY[i - 1] != "--epochs" else "2" for i, a in enumerate(TINY)]
 

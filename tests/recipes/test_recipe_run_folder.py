@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from test_recipe_end_to_end import RECIPES, TINY, load_recipe
+from tests.recipes.test_recipe_end_to_end import RECIPES, TINY, load_recipe
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PML_HYPERBOLIC_")}
 QUICK = TINY + ["--no-plots", "--eval-before", "false"]

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
+RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "recipes")
 TINY = ["--dataset", "glyphs", "--backbone", "test_vit", "--pretrained", "false", "--image-size", "32",
         "--batch-size", "16", "--samples-per-class", "4", "--steps-per-epoch", "2", "--epochs", "1",
         "--max-train-samples", "400", "--max-eval-samples", "160", "--eval-batch-size", "160",

@@ -68,7 +68,7 @@ def test_moco_branch_equals_pml_ntxent_on_the_queue(dtype):
 
 def test_recipe_moco_branch_is_the_pairwise_ce_on_the_cosine(tmp_path):
     from pytorch_metric_learning.distances import CosineSimilarity
-    from test_recipe_end_to_end import load_recipe
+    from tests.recipes.test_recipe_end_to_end import load_recipe
 
     HCL = load_recipe("hcl").HCL
     recipe = HCL(HCL.parse(["--output-dir", str(tmp_path)]))

@@ -306,7 +306,7 @@ def test_trainer_bad_arguments():
 
 def test_hyp_uml_recipe_trains_with_both_terms_by_default(tmp_path):
     from pytorch_metric_learning.losses import MultipleLosses
-    from test_recipe_end_to_end import run
+    from tests.recipes.test_recipe_end_to_end import run
 
     from pml_hyperbolic.training.degraded_copy_trainer import DegradedCopyTrainer
 
@@ -321,7 +321,7 @@ def test_hyp_uml_recipe_trains_with_both_terms_by_default(tmp_path):
 
 
 def test_hyp_vit_recipe_terms_off_by_default_and_on_by_flag(tmp_path):
-    from test_recipe_end_to_end import run
+    from tests.recipes.test_recipe_end_to_end import run
 
     from pml_hyperbolic.training.degraded_copy_trainer import DegradedCopyTrainer
 
@@ -342,7 +342,7 @@ def test_hyp_vit_recipe_terms_off_by_default_and_on_by_flag(tmp_path):
     (["--radial-calibration", "-1"], ">= 0"),
 ])
 def test_recipe_flag_errors(flags, message, tmp_path, capsys):
-    from test_recipe_end_to_end import expect_flag_error, load_recipe
+    from tests.recipes.test_recipe_end_to_end import expect_flag_error, load_recipe
 
     expect_flag_error(load_recipe("hyp_vit").HypViT, flags, message, tmp_path, capsys)
 

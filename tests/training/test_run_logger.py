@@ -10,7 +10,7 @@ import pytest
 
 from pml_hyperbolic.training.run_logger import TENSORBOARD_MISSING_NOTE, RunLogger
 
-RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
+RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "recipes")
 
 
 @pytest.fixture
