@@ -10,7 +10,7 @@ Every case calls one public component with one bad argument or input. Verdicts:
 * ``opaque``: an exception of another type, or one whose message does not say what is wrong;
 * ``silent``: no exception at all (a number came back).
 
-``tests/test_bad_inputs.py`` runs the same cases and requires 0 silent and 0 opaque.
+``tests/project/test_bad_inputs.py`` runs the same cases and requires 0 silent and 0 opaque.
 """
 from __future__ import annotations
 

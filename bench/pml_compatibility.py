@@ -16,7 +16,7 @@ backward pass. Verdicts:
 * ``crashes``: construction passes but the call raises;
 * ``non-finite``: the loss or its gradient is NaN/Inf.
 
-``tests/test_pml_compatibility.py`` regenerates this table and checks docs/plug-into-pml.md holds it.
+``tests/distances/test_poincare_distance_pml_compatibility.py`` regenerates this table and checks docs/plug-into-pml.md holds it.
 """
 from __future__ import annotations
 

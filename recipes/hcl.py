@@ -161,7 +161,7 @@ class HCL(RecipeCommandLine):
         a = self.args
         d = a.embedding_dim
         # MoCo's InfoNCE. Every query has exactly one positive in the queue (its own key), so the pairwise
-        # cross-entropy on the cosine equals PML's NTXentLoss term for term (tests/test_hcl_key_queue.py),
+        # cross-entropy on the cosine equals PML's NTXentLoss term for term (tests/training/test_hcl_trainer_key_queue.py),
         # with one (B, queue) logit matrix where NTXentLoss builds (B, B x queue): at the paper's batch 256
         # and queue 65,536 that is 4.3e9 elements (17 GB of float32) per step.
         moco = KeyQueue(PairwiseCrossEntropyLoss(temperature=a.temperature, distance=CosineSimilarity()), d,
