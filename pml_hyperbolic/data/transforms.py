@@ -163,7 +163,7 @@ def build_transforms(kind: str = "imagenet", train: bool = True, image_size: Opt
         return T.Compose(steps + finish)
 
     # PIL's affine warp and resampling treat each channel alone, so a grey image's one channel gives
-    # exactly each channel of its RGB conversion (tests/test_data_transforms.py checks it, bit for bit)
+    # exactly each channel of its RGB conversion (tests/data/test_transforms.py checks it, bit for bit)
     steps = [ConvertToRGB(keep_greyscale=True)]
     if train:
         steps.append(glyph_affine(glyph_max_rotation))
