@@ -82,11 +82,13 @@ def measure(loss_name: str, batch: int, queue: int, dim: int, device: str, repea
             sync()
             peak = torch.cuda.max_memory_allocated(dev) - before
         else:
-            before = _rss("VmRSS")
             with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")
+                handle.write("5")  # the high-water mark restarts from the current resident size
+            before = _rss("VmRSS")
             step(1)
-            peak = _rss("VmHWM") - before
+            # pages the allocator returns while the step runs can leave the mark a little below the
+            # starting size: the step then added nothing measurable
+            peak = max(0, _rss("VmHWM") - before)
         times = []
         for i in range(repeats):
             sync()
