@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence, Union
 
 import numpy as np
 
@@ -43,3 +43,21 @@ def read_npz_archive(path: str, fields: Sequence[str], cache: dict, kind: str, r
         cache.clear()
         cache[key] = arrays
     return arrays
+
+
+def archive_path(root: Optional[Union[str, os.PathLike]], bundled_path: str, file_name: str) -> str:
+    """The ``.npz`` file named by ``root``: the file itself, ``file_name`` inside a folder, or
+    ``bundled_path`` when ``root`` is None (``~`` expanded; existence not checked).
+
+    Args:
+        root: a file or folder, or None.
+        bundled_path: the file shipped with the package.
+        file_name: the archive's name inside a folder.
+
+    Returns:
+        The file's path.
+    """
+    path = bundled_path if root is None else os.path.expanduser(os.fspath(root))
+    if os.path.isdir(path):
+        path = os.path.join(path, file_name)
+    return path

@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 
-from ._archive import read_npz_archive
+from ._archive import archive_path, read_npz_archive
 from ._styled_archive import StyledArchiveDataset, existing_archive
 
 BUNDLED_ICONS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "icon_themes.npz")
@@ -49,10 +49,7 @@ def resolve_icons_path(root: Optional[Union[str, os.PathLike]] = None) -> str:
     Returns:
         The file's path (not checked for existence).
     """
-    path = BUNDLED_ICONS_PATH if root is None else os.path.expanduser(os.fspath(root))
-    if os.path.isdir(path):
-        path = os.path.join(path, ICONS_FILE_NAME)
-    return path
+    return archive_path(root, BUNDLED_ICONS_PATH, ICONS_FILE_NAME)
 
 
 class IconDataset(StyledArchiveDataset):

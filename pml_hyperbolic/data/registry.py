@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
+from ._archive import archive_path
+
 
 def _dataset_classes():
     from .benchmarks import Cars196Dataset, CUB200Dataset, InShopDataset, OnlineProductsDataset
@@ -82,19 +84,16 @@ def _check_name(name):
     return key
 
 
+# the archive file a folder of a bundled dataset holds
+_BUNDLED_ARCHIVE_NAMES = {"glyphs": "cjk_glyphs.npz", "icons": "icon_themes.npz", "iconify": "iconify_sets.npz"}
+
+
 def _is_valid_root(name, root):
     if root is None:
         return False
     root = os.path.expanduser(str(root))
-    if name == "glyphs":
-        path = os.path.join(root, "cjk_glyphs.npz") if os.path.isdir(root) else root
-        return os.path.isfile(path)
-    if name == "icons":
-        path = os.path.join(root, "icon_themes.npz") if os.path.isdir(root) else root
-        return os.path.isfile(path)
-    if name == "iconify":
-        path = os.path.join(root, "iconify_sets.npz") if os.path.isdir(root) else root
-        return os.path.isfile(path)
+    if name in _BUNDLED_ARCHIVE_NAMES:
+        return os.path.isfile(archive_path(root, "", _BUNDLED_ARCHIVE_NAMES[name]))
     return _classes()[name].detect_layout(root) is not None
 
 
