@@ -58,6 +58,7 @@ _NAME = "pml_hyperbolic_kernels"
 _log = logging.getLogger("pml_hyperbolic.kernels")
 _lock = threading.Lock()
 _fakes_registered = False
+_loaded_in_process = False  # the operators are registered in this process (by either load path)
 _state: dict = {}  # "ops": the operator namespace or None, "reason": status text, "path": build folder
 
 
@@ -110,21 +111,17 @@ def _compiler_env():
                 os.environ["CXX"] = previous
 
 
-def _registered() -> bool:
-    """Whether this process has the operators already (loading a second copy would register them
-    twice, which aborts)."""
-    try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key("pml_hyperbolic::_native_tail_", "CPU")
-    except RuntimeError:  # the operator's schema is not registered at all
-        return False
-
-
 def _compile_and_load(folder: Path) -> None:
-    """Load the verified cached build, else build (cpp_extension) and load, then record the digest."""
-    if _registered() or _load_verified_copy(folder):
+    """Load the verified cached build, else build (cpp_extension) and load, then record the digest.
+    Once per process: the operators stay registered after :func:`reset`, and loading a second copy
+    would register them twice, which aborts."""
+    global _loaded_in_process
+    if _loaded_in_process:
         return
-    _build_and_load(folder)
-    _record_digest(folder)
+    if not _load_verified_copy(folder):
+        _build_and_load(folder)
+        _record_digest(folder)
+    _loaded_in_process = True
 
 
 def _build_and_load(folder: Path) -> None:
