@@ -320,11 +320,15 @@ def suggest_curvature(
         c as a float.
 
     Raises:
-        ValueError: ``min_curvature`` / ``max_curvature`` not finite numbers > 0, or
-            ``min_curvature`` > ``max_curvature``, plus :func:`relative_delta`'s errors.
+        ValueError: ``min_curvature`` / ``max_curvature`` not finite numbers > 0,
+            ``min_curvature`` > ``max_curvature``, or ``n_samples`` < 2, plus :func:`relative_delta`'s
+            errors.
+        TypeError: ``n_samples`` not an integer (None included).
 
     Design note: docs/design/evaluation.md
     """
+    # an integer here (relative_delta's None, "the whole set", is not this function's contract)
+    n_samples = check_int(n_samples, "n_samples", 2)
     min_curvature = check_positive(min_curvature, "min_curvature")
     max_curvature = check_positive(max_curvature, "max_curvature")
     if not min_curvature <= max_curvature:
