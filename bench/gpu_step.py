@@ -339,6 +339,7 @@ def _run_row(label: str, recipe_cls, args, opts, device, notes) -> dict:
         times.append(time.perf_counter() - started)
     peak, reserved = _peak_memory(device, reset_ok)
     median = statistics.median(times)
+    profile = profile_steps(step, opts.profile, device) if opts.profile else None
     row = {
         "row": label, "recipe": recipe_cls.__name__, "trainer": type(trainer).__name__,
         "head": type(recipe.head).__name__,
@@ -353,7 +354,81 @@ def _run_row(label: str, recipe_cls, args, opts, device, notes) -> dict:
         "grad_scale": float(trainer.scaler.get_scale()) if trainer.scaler is not None else None,
         "notes": list(notes),
     }
+    if profile is not None:
+        row["profile"] = profile
     return row
+
+
+_SYNC_EVENTS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                "cudaEventSynchronize")
+
+
+def profile_steps(step, n_steps: int, device) -> dict:
+    """``torch.profiler`` over ``n_steps`` more steps: per step, the wall time, the time the device
+    spent in kernels, the host waits (reads of a device value, synchronisations), and the kernels
+    taking the most device time. Printed and returned (``--profile``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _synchronize(device)
+    started = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(n_steps):
+            step()
+        _synchronize(device)
+    wall = (time.perf_counter() - started) / n_steps
+    averages = prof.key_averages()
+    sync_sites = synchronising_lines(step, device)
+
+    def device_us(event):
+        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0) or 0
+
+    from torch.autograd import DeviceType
+
+    # device-side events only (the kernels and copies themselves; operator rows would count them twice)
+    kernels = sorted((e for e in averages if getattr(e, "device_type", None) == DeviceType.CUDA and device_us(e) > 0),
+                     key=device_us, reverse=True)
+    busy = sum(device_us(e) for e in kernels) / n_steps / 1e3
+    waits = {e.key: e.count / n_steps for e in averages if e.key in _SYNC_EVENTS}
+    every = [{"kernel": e.key[:160], "ms_per_step": device_us(e) / n_steps / 1e3, "calls_per_step": e.count / n_steps}
+             for e in kernels]
+    top = every[:15]
+    print(f"    profile over {n_steps} steps: {wall * 1e3:.1f} ms/step wall, {busy:.1f} ms/step in device kernels; "
+          f"host waits per step: {waits or 'none'}", flush=True)
+    for entry in top:
+        print(f"      {entry['ms_per_step']:8.3f} ms  x{entry['calls_per_step']:<6g} {entry['kernel']}", flush=True)
+    if sync_sites:
+        print("    lines that synchronised the host with the device in one step: "
+              + "; ".join(f"{site} x{n}" for site, n in sync_sites.items()), flush=True)
+    return {"steps": n_steps, "wall_ms_per_step": wall * 1e3, "kernel_ms_per_step": busy,
+            "host_waits_per_step": waits, "synchronising_lines": sync_sites, "kernels": every}
+
+
+def synchronising_lines(step, device) -> dict:
+    """The Python lines that made the host wait for the device during one step (CUDA's sync debug
+    mode), most frequent first; empty on other devices."""
+    import collections
+    import warnings
+
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    sites = collections.Counter()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+            _synchronize(device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchroniz" in str(warning.message):
+            where = os.path.relpath(warning.filename, ROOT) if warning.filename.startswith(ROOT) else warning.filename
+            sites[f"{where}:{warning.lineno}"] += 1
+    return dict(sites.most_common())
 
 
 def _describe_loss(loss) -> str:
@@ -481,8 +556,12 @@ def parse_arguments(argv=None):
                         help="keep the synthetic batch on the CPU: each step then copies it to the device")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU runs)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the numbers to PATH")
-    parser.add_argument("--pairwise", default="torch", choices=["torch", "triton"],
-                        help="pairwise_dist on CUDA: the torch path or the Triton kernels (bench/triton_check.py)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after timing, profile STEPS more steps per row: device time in kernels, host waits, "
+                             "the costliest kernels")
+    parser.add_argument("--pairwise", default=None, choices=["torch", "triton"],
+                        help="pairwise_dist on CUDA: the torch path or the Triton kernels, through the library's own "
+                             "switch PML_HYPERBOLIC_TRITON (default: as that variable says)")
     opts = parser.parse_args(argv)
     rows = [r.strip() for r in opts.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROW_NAMES]
@@ -539,9 +618,11 @@ def main(argv=None) -> dict:
     device = resolve_device(opts.device)
     opts.device = str(device)
     check_dependencies()
-    if opts.pairwise == "triton":
-        from bench.triton_check import route_pairwise_to_triton
-        route_pairwise_to_triton()
+    if opts.pairwise is not None:
+        os.environ["PML_HYPERBOLIC_TRITON"] = "1" if opts.pairwise == "triton" else "0"
+    from pml_hyperbolic import poincare_ball
+
+    opts.pairwise = "triton" if device.type == "cuda" and poincare_ball._triton_requested() else "torch"
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     import pml_hyperbolic
@@ -620,7 +701,7 @@ def main(argv=None) -> dict:
               "settings": {"rows": opts.rows, "steps": opts.steps, "warmup": opts.warmup, "seed": opts.seed,
                            "batch_on_host": opts.batch_on_host, "vit_dataset": opts.vit_dataset,
                            "image_size": first.image_size, "backbone": first.backbone, "amp": first.amp,
-                           "pairwise": opts.pairwise},
+                           "pairwise": opts.pairwise, "profile_steps": opts.profile},
               "rows": rows, "summary": summary}
     if opts.json:
         with open(opts.json, "w") as handle:

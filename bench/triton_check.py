@@ -150,11 +150,57 @@ def opcheck_rows(device):
                 passed = all(v == "SUCCESS" for v in result.values())
                 detail = ", ".join(f"{k}: {v}" for k, v in result.items())
             except Exception as err:  # report and go on: one row per case
-                passed, detail = False, f"{type(err).__name__}: {str(err)[:300]}"
+                passed, detail = False, f"{type(err).__name__}: {str(err)[:3000]}"
             print(f"opcheck {dtype} {label}: {'ok' if passed else 'FAILED'} ({detail})", flush=True)
-            rows.append({"check": "opcheck", "device": device.type, "dtype": str(dtype), "case": label,
-                         "tests": tests, "passed": passed, "detail": detail})
+            row = {"check": "opcheck", "device": device.type, "dtype": str(dtype), "case": label,
+                   "tests": tests, "passed": passed, "detail": detail}
+            if not passed and device.type == "cuda":
+                row["diagnosis"] = compiled_gradient_diagnosis(args)
+                print(f"  diagnosis: {row['diagnosis']}", flush=True)
+            rows.append(row)
     return rows
+
+
+def compiled_gradient_diagnosis(args) -> dict:
+    """Where eager and compiled (``aot_eager``) gradients of the op part: the largest difference per
+    input, whether two eager runs agree bit for bit, and which backward ran under compilation (the
+    kernels or the float64 composite graph kept for ``create_graph=True``)."""
+    import torch
+
+    from pml_hyperbolic.kernels import triton_pairwise as tp
+
+    op = torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton
+    inputs = [a for a in args if a is not None]
+
+    def grads(fn):
+        out = fn(*args)
+        upstream = torch.linspace(-1, 1, out.numel(), device=out.device, dtype=out.dtype).reshape(out.shape)
+        return torch.autograd.grad(out, inputs, upstream)
+
+    composite_calls = []
+    original = tp._composite
+
+    def spy(*a, **k):
+        composite_calls.append(1)
+        return original(*a, **k)
+
+    result = {}
+    try:
+        eager, again = grads(op), grads(op)
+        result["eager deterministic"] = all(bool(torch.equal(a, b)) for a, b in zip(eager, again))
+        tp._composite = spy
+        torch._dynamo.reset()
+        compiled = grads(torch.compile(lambda *a: op(*a), backend="aot_eager", dynamic=True))
+        result["composite backward calls under compile"] = len(composite_calls)
+        for name, a, b in zip(("x", "y", "c"), eager, compiled):
+            diff = (a.double() - b.double()).abs().max().item()
+            result[f"max |eager - compiled| {name}"] = diff
+            result[f"relative {name}"] = diff / max(a.double().abs().max().item(), 1e-300)
+    except Exception as err:  # a diagnosis never fails the run
+        result["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    finally:
+        tp._composite = original
+    return result
 
 
 _DTYPE_CODES = {"float32": ("fp32", "fp32"), "float16": ("fp16", "fp32"), "bfloat16": ("bf16", "fp32"),
