@@ -174,8 +174,22 @@ def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
     return tensor
 
 
+def values_checked(x: Tensor) -> bool:
+    """Whether the value checks (NaN/Inf) read ``x`` back: always for CPU tensors; for tensors on an
+    accelerator only with ``PML_HYPERBOLIC_CHECK_VALUES=1`` (read at every call), because reading a
+    value back makes the host wait for the device in the middle of a training step. Unchecked, a
+    NaN/Inf reaches the loss, where the trainer (and AMP's GradScaler) skip the step and count it.
+
+    Design note: docs/design/gpu-kernel.md
+    """
+    if x.device.type == "cpu":
+        return True
+    return os.environ.get("PML_HYPERBOLIC_CHECK_VALUES", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def check_finite(x: Tensor, name: str = "embeddings") -> None:
     """Raise ``ValueError`` if ``x`` holds NaN or Inf (a silent NaN loss is worse than an error).
+    Checked where :func:`values_checked` says so (CPU tensors; accelerator tensors on request).
 
     By the extremes: min and max propagate NaN and are infinite when any entry is, so one fused
     reduction answers, where ``isfinite(x).all()`` writes a boolean tensor of x's size first (every
@@ -188,7 +202,7 @@ def check_finite(x: Tensor, name: str = "embeddings") -> None:
     Raises:
         ValueError: ``x`` holds a NaN or an infinity.
     """
-    if x.numel() == 0:
+    if x.numel() == 0 or not values_checked(x):
         return
     try:
         low, high = torch.aminmax(x.detach())
@@ -371,8 +385,8 @@ def dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
 
 
 def _triton_requested() -> bool:
-    """``PML_HYPERBOLIC_TRITON=1`` (read at every call): CUDA tensors take the Triton kernels."""
-    return os.environ.get("PML_HYPERBOLIC_TRITON", "0").strip().lower() in ("1", "true", "yes", "on")
+    """CUDA tensors take the Triton kernels unless ``PML_HYPERBOLIC_TRITON=0`` (read at every call)."""
+    return os.environ.get("PML_HYPERBOLIC_TRITON", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
@@ -391,9 +405,9 @@ def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
     the boundary get :func:`dist`'s values (same denominator floor) and leave the other pairs
     untouched.
 
-    On CUDA tensors, ``PML_HYPERBOLIC_TRITON=1`` routes the call to the fused Triton kernels
-    (:func:`pml_hyperbolic.kernels.triton_pairwise.pairwise_poincare_dist_triton`); opt-in until
-    they are verified on a GPU (design note: docs/design/gpu-kernel.md).
+    On CUDA tensors the call goes to the fused Triton kernels
+    (:func:`pml_hyperbolic.kernels.triton_pairwise.pairwise_poincare_dist_triton`) when Triton is
+    installed; ``PML_HYPERBOLIC_TRITON=0`` keeps the torch path (design note: docs/design/gpu-kernel.md).
     """
     if isinstance(x, Tensor) and x.device.type == "cuda" and _triton_requested():
         from .kernels.triton_pairwise import pairwise_poincare_dist_triton, triton_available

@@ -5,6 +5,7 @@ import torch
 from pytorch_metric_learning.reducers import MultipleReducers
 from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 
+from .. import poincare_ball as pb
 from .._checks import _HUGE, _TINY, _reject_non_numbers, check_bool, check_int, check_nonnegative, check_positive  # noqa: F401
 
 
@@ -13,7 +14,8 @@ def check_embeddings(x, name: str = "embeddings", finite: bool = True) -> torch.
 
     Raises:
         TypeError: not a tensor, or not floating point.
-        ValueError: not 2-D, or (``finite``) with NaN/Inf entries.
+        ValueError: not 2-D, or (``finite``) with NaN/Inf entries (read where
+            :func:`pml_hyperbolic.poincare_ball.values_checked` says so).
     """
     if not torch.is_tensor(x):
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
@@ -21,7 +23,7 @@ def check_embeddings(x, name: str = "embeddings", finite: bool = True) -> torch.
         raise TypeError(f"{name} must be floating point, got {x.dtype}")
     if x.ndim != 2:
         raise ValueError(f"{name} must have shape (N, D), got {tuple(x.shape)}")
-    if finite and x.numel() and not bool(torch.isfinite(x).all()):
+    if finite and x.numel() and pb.values_checked(x) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN/Inf values")
     return x
 

@@ -444,3 +444,26 @@ def test_the_triton_switch_leaves_cpu_tensors_on_the_exact_cpu_path(monkeypatch)
     assert torch.equal(poincare_ball.pairwise_dist(x, x, 0.1), expected)
     monkeypatch.setenv("PML_HYPERBOLIC_TRITON", "0")
     assert not poincare_ball._triton_requested()
+
+
+def test_cuda_tensors_take_the_triton_kernels_unless_switched_off(monkeypatch):
+    from pml_hyperbolic import poincare_ball
+
+    monkeypatch.delenv("PML_HYPERBOLIC_TRITON", raising=False)
+    assert poincare_ball._triton_requested()  # the default
+    for off in ("0", "false", "no", "OFF"):
+        monkeypatch.setenv("PML_HYPERBOLIC_TRITON", off)
+        assert not poincare_ball._triton_requested()
+
+
+def test_value_checks_read_cpu_tensors_always_and_accelerator_tensors_on_request(monkeypatch):
+    monkeypatch.delenv("PML_HYPERBOLIC_CHECK_VALUES", raising=False)
+    assert pb.values_checked(torch.zeros(2))
+    on_device = torch.empty(2, device="meta")  # any non-CPU tensor: reading it back would wait for the device
+    assert not pb.values_checked(on_device)
+    pb.check_finite(on_device)  # not read: no error, no transfer
+    monkeypatch.setenv("PML_HYPERBOLIC_CHECK_VALUES", "1")
+    assert pb.values_checked(on_device)
+    monkeypatch.setenv("PML_HYPERBOLIC_CHECK_VALUES", "1")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        pb.check_finite(torch.tensor([0.0, float("nan")]))  # CPU tensors: always checked
