@@ -101,3 +101,18 @@ def test_cuda_requested_without_cuda(gpu_step):
 
     with pytest.raises(ConfigError, match="CUDA is not available"):
         gpu_step.main(["--device", "cuda", "--steps", "1"])
+
+
+def test_profile_reports_host_waits_per_step(gpu_step, one_thread, capsys):
+    result = gpu_step.main(["--device", "cpu", "--rows", "hyp_vit", "--batch-size", "8", "--image-size", "32",
+                            "--steps", "1", "--warmup", "1", "--threads", "1", "--profile", "2"])
+    out = capsys.readouterr().out
+    assert result["settings"]["profile_steps"] == 2 and result["settings"]["pairwise"] == "torch"  # CPU: torch path
+    for row in result["rows"]:
+        profile = row["profile"]
+        assert profile["steps"] == 2 and _positive(profile["wall_ms_per_step"])
+        assert profile["kernels"] == [] and profile["kernel_ms_per_step"] == 0  # no device kernels on a CPU
+        assert profile["synchronising_lines"] == {}  # CUDA's sync debug mode only
+        # the trainer reads the loss back once per step at least (its finiteness, the logged value)
+        assert profile["host_waits_per_step"].get("aten::_local_scalar_dense", 0) >= 1
+    assert out.count("profile over 2 steps") == 2  # the row and its baseline
