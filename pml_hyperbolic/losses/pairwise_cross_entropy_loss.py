@@ -21,9 +21,10 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     (Hyp-ViT Eq. (5); HypMix Eq. (6); HCL's hyperbolic branch uses the same form with a queue).
     The denominator runs over all k ≠ i of the reference set; with an ``indices_tuple`` (PML miner,
     CrossBatchMemory) it runs over the anchor's mined positives and negatives instead, the way PML's
-    ``SupConLoss`` does. Returns one element per positive pair ("pos_pair"); the default
-    ``MeanReducer`` averages them. A batch without positive pairs gives ``zero_losses()``. A batch of
-    one class is valid (positives only in the denominator).
+    ``SupConLoss`` does. With the default ``MeanReducer`` the loss returns the mean over positive
+    pairs itself ("already_reduced": no list of pairs, whose length would have to be read back from
+    the device); any other reducer receives one element per positive pair ("pos_pair"). A batch
+    without positive pairs gives 0. A batch of one class is valid (positives only in the denominator).
 
     For an inverted distance (a similarity, e.g. ``CosineSimilarity`` for the "Sph-" baseline), the
     logits are sim/τ (Hyp-ViT's sphere baseline uses τ = 0.1).
@@ -85,10 +86,22 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
                 raise ValueError("view_pairs=True supports neither ref_emb nor indices_tuple")
             return self._view_pair_loss(embeddings, labels)
         pos, neg = pair_masks(embeddings, labels, indices_tuple, ref_emb, ref_labels)
+        if type(self.reducer) is MeanReducer:
+            # the mean over positive pairs without listing them: no data-dependent shape, so the host
+            # never waits for the device in this loss (the list below needs the pair count first)
+            return self._mean_pair_loss(self.logits(embeddings, ref_emb), pos, pos | neg)
         if not bool(pos.any()):
             return self.zero_losses()
         logits = self.logits(embeddings, ref_emb)
         return self._pair_losses(logits, pos, pos | neg)
+
+    def _mean_pair_loss(self, logits, pos, keep):
+        """The default ``MeanReducer``'s value of :meth:`_pair_losses` (0 without positive pairs),
+        already reduced."""
+        log_denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1, keepdim=True)
+        per_pair = torch.where(pos, log_denominator - logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+        loss = per_pair.sum() / pos.sum().clamp_min(1).to(per_pair.dtype)
+        return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
 
     def _pair_losses(self, logits, pos, keep):
         # masked log-sum-exp over the anchor's candidates (rows with a positive always keep ≥ 1)

@@ -284,3 +284,56 @@ def test_triplet_and_log_ratio_large_batch_finite():
     out = UncertaintyAdaptiveTripletLoss()(z, y) + HierarchicalLogRatioLoss()(z, torch.stack([y, y // 10], 1))
     out.backward()
     assert torch.isfinite(out) and torch.isfinite(z.grad).all() and not math.isclose(float(out.detach()), 0.0)
+
+
+def _pce_case(kind, generator):
+    e = (0.3 * torch.randn(24, 8, dtype=torch.float64, generator=generator)).requires_grad_()
+    if kind == "no positives":
+        return e, torch.arange(24), None
+    labels = torch.randint(0, 5, (24,), generator=generator)
+    if kind == "pairs":  # a PML pair tuple: the denominator runs over the mined pairs only
+        return e, labels, (torch.tensor([0, 1, 2]), torch.tensor([1, 0, 5]), torch.tensor([0, 3]), torch.tensor([3, 4]))
+    return e, labels, None
+
+
+@pytest.mark.parametrize("kind", ["labels", "pairs", "no positives"])
+def test_pairwise_cross_entropy_mean_without_a_pair_list_matches_listed(kind):
+    e, labels, tuples = _pce_case(kind, torch.Generator().manual_seed(7))
+    listed = PairwiseCrossEntropyLoss(reducer=ListedMean())(e, labels, tuples)
+    fast = PairwiseCrossEntropyLoss()(e, labels, tuples)
+    (g_fast,) = torch.autograd.grad(fast, e)
+    g_listed = torch.autograd.grad(listed, e)[0] if listed.requires_grad else torch.zeros_like(e)
+    assert fast.item() == pytest.approx(listed.item(), rel=1e-12, abs=1e-15)
+    assert torch.allclose(g_fast, g_listed, rtol=1e-10, atol=1e-14) and bool(torch.isfinite(g_fast).all())
+    if kind == "no positives":
+        assert fast.item() == 0.0
+
+
+def test_pairwise_cross_entropy_reads_nothing_back_from_the_device(monkeypatch):
+    """With the default reducer, forward and backward have no data-dependent shape and read no value:
+    on a GPU the host never waits for the device inside the loss (value checks, which read, are off
+    for accelerator tensors; here they are switched off to stand for one)."""
+    from pytorch_metric_learning.distances import CosineSimilarity
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = []
+
+    class CountReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                        torch.ops.aten.masked_select.default, torch.ops.aten.is_nonzero.default):
+                reads.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(pb, "values_checked", lambda x: False)
+    e = torch.randn(12, 6, requires_grad=True)
+    labels = torch.arange(12) // 3
+    loss_fn = PairwiseCrossEntropyLoss(distance=CosineSimilarity(), temperature=0.1)
+    with CountReads():
+        loss = loss_fn(e, labels)
+        loss.backward()
+    assert reads == [] and torch.isfinite(e.grad).all()
+    reads.clear()
+    with CountReads():  # the listing path needs the pair count: that is the read the default avoids
+        PairwiseCrossEntropyLoss(distance=CosineSimilarity(), reducer=ListedMean())(e, labels)
+    assert reads
