@@ -288,7 +288,13 @@ class HyperbolicTrainer(MetricLossOnly):
             raise RuntimeError("every image of a whole pass over the training data was unreadable")
         data, labels = self.data_and_label_getter(batch)
         labels = c_f.process_label(labels, self.label_hierarchy_level, self.label_mapper)
-        return self.maybe_do_batch_mining(data, labels)
+        data, labels = self.maybe_do_batch_mining(data, labels)
+        if torch.is_tensor(labels) and labels.device != torch.device(self.data_device):
+            # now, while the device has nothing of this step queued: a loss that moved them itself
+            # would make the host wait for the trunk's forward pass first (a copy from pageable memory
+            # waits for the stream)
+            labels = labels.to(self.data_device, non_blocking=True)
+        return data, labels
 
     # ---- forward: models under autocast, losses in float32 ----
     def autocast(self):
