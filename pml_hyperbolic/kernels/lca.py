@@ -338,7 +338,8 @@ def _check_grads(dist: Tensor, i: Tensor, grads: Tensor | None, on: Tensor | Non
         return
     t, p = i.shape[0], dist.shape[1]
     if grads.ndim != 3 or grads.shape[0] not in (2, 3) or tuple(grads.shape[1:]) != (t, p) or grads.dtype != dist.dtype:
-        raise ValueError(f"grads must be (2 or 3, T={t}, P={p}) in {dist.dtype}, got {tuple(grads.shape)} {grads.dtype}")
+        raise ValueError(f"grads must be (2 or 3, T={t}, P={p}) in {dist.dtype}, "
+                         f"got {tuple(grads.shape)} {grads.dtype}")
     if tuple(on.shape) != (3, t) or on.dtype != dist.dtype:
         raise ValueError(f"on must be (3, T={t}) in {dist.dtype}, got {tuple(on.shape)} {on.dtype}")
 

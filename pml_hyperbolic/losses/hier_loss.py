@@ -149,8 +149,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     \exp(-\max_{s}d(s,p)/\tau + g_p)` (``tau``), so the distances to every candidate, hence all
     proxies, get gradient. In training mode with ``stochastic_lca=True`` the :math:`g_p` are
     Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper; on CPU from a counter-based generator
-    keyed from torch's generator, :func:`~pml_hyperbolic.kernels.lca.counter_uniform`, so ``torch.manual_seed`` reproduces it;
-    on other devices ``torch.rand``); in eval mode or with
+    keyed from torch's generator, :func:`~pml_hyperbolic.kernels.lca.counter_uniform`, so
+    ``torch.manual_seed`` reproduces it; on other devices ``torch.rand`` from a device generator seeded
+    with that key); in eval mode or with
     ``stochastic_lca=False`` g = 0 and the selection is the deterministic argmin (ties: lowest
     proxy index; proxy-proxy distances are symmetrised so that LCA(i, j) ties between proxies i
     and j are broken the same way every time). The π-part is an estimator, not the derivative of
