@@ -480,8 +480,11 @@ def _hier_lca_rows_backward_fake(grad_loss, dist, i, j, k, a, b, grads, on, tau,
 
 def lca_triplet_loss(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, *, tau: float, margin: float,
                      key: Tensor | None = None, block: int = 512) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-triplet HIER losses through ``pml_hyperbolic::hier_lca_rows``, keeping the backward's rows
+    r"""Per-triplet HIER losses through ``pml_hyperbolic::hier_lca_rows``, keeping the backward's rows
     when a backward can come.
+
+    .. math:: \ell_t = [D_{i_t a_t} - D_{i_t b_t} + \delta]_+ + [D_{j_t a_t} - D_{j_t b_t} + \delta]_+
+              + [D_{k_t b_t} - D_{k_t a_t} + \delta]_+
 
     Args:
         dist: (N, P) distances.
@@ -499,6 +502,8 @@ def lca_triplet_loss(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, *, tau: floa
     Raises:
         TypeError: as :func:`hier_lca_rows`.
         ValueError: as :func:`hier_lca_rows`.
+
+    Why a wrapper: whether a backward can come is known here, not inside the op.
 
     Design note: docs/design/kernels.md
     """
