@@ -5,6 +5,7 @@ Modules: :mod:`~pml_hyperbolic.kernels.pairwise` (the all-pairs distance and its
 backward), :mod:`~pml_hyperbolic.kernels.gram` (the Gram product and its accuracy guards),
 :mod:`~pml_hyperbolic.kernels.tail` (the elementwise tail and the symmetric forward),
 :mod:`~pml_hyperbolic.kernels.ops` (the kernels as ``torch.library`` custom ops),
+:mod:`~pml_hyperbolic.kernels.lca` (HIER's LCA rows as custom ops),
 :mod:`~pml_hyperbolic.kernels.native` (the native code's entry points),
 :mod:`~pml_hyperbolic.kernels.build` (its build with ``torch.utils.cpp_extension``),
 :mod:`~pml_hyperbolic.kernels.self_check`,
@@ -25,11 +26,14 @@ def status() -> dict:
     """Which implementation the kernels run in this process, and why.
 
     Returns:
-        ``{"pairwise": "native" | "torch", "reason": str}``: ``"native"`` when the compiled kernels
-        loaded and passed their self-check, else ``"torch"`` (the reference torch path) with the
-        reason (disabled by ``PML_HYPERBOLIC_NATIVE=0``, no compiler, a failed build or self-check).
+        ``{"pairwise": path, "hier_lca": path, "reason": str}`` with path ``"native"`` when the
+        compiled kernels loaded and passed their self-check, else ``"torch"`` (the reference torch
+        path) with the reason (disabled by ``PML_HYPERBOLIC_NATIVE=0``, no compiler, a failed build or
+        self-check). ``"pairwise"``: the distance ops (``pml_hyperbolic::pairwise_poincare_dist``,
+        ``::poincare_row_terms``); ``"hier_lca"``: HIER's LCA rows on CPU
+        (``pml_hyperbolic::hier_lca_rows`` and its backward; off the CPU they always run the torch ops).
     """
     text = build.status()
-    if text == "native":
-        return {"pairwise": "native", "reason": "compiled kernels loaded and self-checked"}
-    return {"pairwise": "torch", "reason": text}
+    path = "native" if text == "native" else "torch"
+    reason = "compiled kernels loaded and self-checked" if path == "native" else text
+    return {"pairwise": path, "hier_lca": path, "reason": reason}

@@ -192,8 +192,8 @@ def lca_rows(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margin: 
     """HIER's LCA triplet rows natively (``pml_lca_rows_*`` in ``csrc/kernels.c``): fills ``loss``,
     ``a``, ``b`` and, when given, ``grads`` (2, T, P: the rows u¹, u² of the straight-through
     estimator, before their routing through the maxima, which :func:`lca_backward` does) and ``on``
-    (3, T), with the formulas of ``hier_loss._LCATripletLoss._run``'s torch ops. ``noise``: None (no
-    Gumbel noise) or a ``hier_loss._CounterUniform``, whose draws the C loop generates from its ``key``
+    (3, T), with the formulas of ``kernels.lca.triplet_rows``'s torch ops. ``noise``: None (no
+    Gumbel noise) or a ``kernels.lca._CounterUniform``, whose draws the C loop generates from its ``key``
     where it uses them (the same values as the source's ``draws``). ``block`` rows at a time, shared by ``threads``
     (default: torch's count). Returns (loss, a, b), or None when the native path does not apply
     (also for a noise source that is not counter-based). Raises IndexError for an index of i, j, k
@@ -242,7 +242,7 @@ def _check_rows(n: int, *indices: Tensor) -> None:
 def uniform_rows(key: int, first_row: int, rows: int, p: int, dtype: torch.dtype = torch.float32) -> Tensor | None:
     """(rows, p) of the counter-based draws that ``lca_rows`` generates for streams ``first_row``..
     under ``key`` (``pml_uniform_rows_*``), or None without the native library. For checking the
-    numpy form in ``hier_loss._CounterUniform`` against the C loop's."""
+    numpy form in ``kernels.lca._CounterUniform`` against the C loop's."""
     lib = library()
     if lib is None:
         return None

@@ -115,7 +115,7 @@ def _check_sym_grad(lib, dtype, tol) -> bool:
     return _close(S, E_ref, tol)
 
 
-# Draws 0-3 of streams 4-6 under key 987654321 (hier_loss.counter_uniform's formula; kept as
+# Draws 0-3 of streams 4-6 under key 987654321 (kernels.lca.counter_uniform's formula; kept as
 # literals so that checking the library needs no import of the losses)
 _UNIFORM_REFERENCE = {
     "f32": [["0x1.f95938p-1", "0x1.efa3dcp-1", "0x1.5d8cc2p-1", "0x1.149d8ap-1"],

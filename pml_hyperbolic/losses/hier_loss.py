@@ -11,11 +11,12 @@ from pytorch_metric_learning.utils import loss_and_miner_utils as lmu
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..kernels import native as _native
+from ..kernels import lca as _lca
+# (names of the LCA rows' implementation, read here by tests and tools under their former home)
+from ..kernels.lca import _SPARE_GRADS, _first_index_of, _route_through_maxima, counter_uniform  # noqa: F401
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
-from ..kernels.spare_buffers import SpareBuffers
 from ._common import check_labels, check_nonnegative, check_positive, index_tensors, require_ref_labels
 
 _POSITIVES = ("labels", "labels+mutual_nn")
@@ -94,261 +95,16 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     return aa, p[pair_id], neg_flat[row_start[aa] + rank] % width
 
 
-def _first_index_of(x: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """(R,) long: the first column where each row of ``x`` (R, P) equals ``value`` (R, 1).
-
-    With ``value`` a row max (min) this is ``argmax`` (``argmin``), lowest index on ties, in three
-    vectorised passes: aten's CPU arg-reductions are scalar loops, slower than the three."""
-    p = x.shape[1]
-    hit = torch.eq(x, value, out=torch.empty_like(x))
-    descending = torch.arange(p, 0, -1, device=x.device, dtype=x.dtype)  # p - column (exact in float)
-    return (p - hit.mul_(descending).amax(dim=1)).long()
-
-
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
-
-
-def _mix32(x: np.ndarray) -> np.ndarray:
-    """The "lowbias32" integer hash on uint32 arrays (wrapping arithmetic), in place."""
-    x ^= x >> np.uint32(16)
-    x *= np.uint32(0x7FEB352D)
-    x ^= x >> np.uint32(15)
-    x *= np.uint32(0x846CA68B)
-    x ^= x >> np.uint32(16)
-    return x
-
-
-def counter_uniform(key: int, streams: np.ndarray, p: int, dtype: torch.dtype) -> torch.Tensor:
-    r"""(len(streams), p) draws in [0, 1): draw q of stream s under the 64-bit ``key``,
-
-    .. math::
-        \sigma = \mathrm{splitmix64}(key + (s + 1)\gamma), \quad
-        x = \mathrm{mix32}(\mathrm{mix32}(q + \sigma_{lo}) \oplus \sigma_{hi}),
-
-    U = (x ≫ 8)·2⁻²⁴ in float32, (x·2²¹ + (mix32(x + γ_lo) ≫ 11))·2⁻⁵³ in float64 (γ the golden
-    gamma 0x9E3779B97F4A7C15, arithmetic mod 2³² / 2⁶⁴). The formula of ``pml_uniform_*`` in
-    ``kernels/csrc/kernels.c``, which generates the same values inside HIER's native LCA loop; this numpy
-    form serves the torch path (no native library, or ``PML_HYPERBOLIC_NATIVE=0``)."""
-    s = np.asarray(streams, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = np.uint64(key) + (s + np.uint64(1)) * np.uint64(_GOLDEN_GAMMA)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-        lo = (z & np.uint64(0xFFFFFFFF)).astype(np.uint32)[:, None]
-        hi = (z >> np.uint64(32)).astype(np.uint32)[:, None]
-        x = _mix32(_mix32(np.arange(p, dtype=np.uint32)[None, :] + lo) ^ hi)
-        if dtype == torch.float64:
-            tail = _mix32(x + np.uint32(_GOLDEN_GAMMA & 0xFFFFFFFF)) >> np.uint32(11)
-            bits = (x.astype(np.uint64) << np.uint64(21)) | tail.astype(np.uint64)
-            return torch.from_numpy(bits.astype(np.float64) * 2.0 ** -53)
-        return torch.from_numpy((x >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24))
-
-
-class _CounterUniform:
-    """The Gumbel noise's uniform draws on CPU, defined by a counter: the draws of LCA choice r
-    (0: LCA(i, j), 1: LCA(i, j, k)) for triplet row t are stream 2t + r of :func:`counter_uniform`
-    under ``key``. Nothing is stored or drawn ahead: the native loop generates each value where it
-    uses it, in any row order or thread split, and a replay with the same key gives the same noise."""
-
-    def __init__(self, key: int):
-        self.key = int(key)
-
-    def draws(self, choice: int, start: int, stop: int, p: int, dtype, device) -> torch.Tensor:
-        """(stop − start, p) draws of ``choice`` for triplet rows start..stop."""
-        streams = 2 * np.arange(start, stop, dtype=np.uint64) + np.uint64(choice)
-        return counter_uniform(self.key, streams, p, dtype).to(device)
-
-
-class _DeviceUniform:
-    """Off the CPU: ``torch.rand`` on the device, in the torch path's order (torch's generator)."""
-
-    def draws(self, choice: int, start: int, stop: int, p: int, dtype, device) -> torch.Tensor:
-        return torch.rand(stop - start, p, dtype=dtype, device=device)
-
-
 def _noise_source(device: torch.device, seed: int | None = None):
-    """The Gumbel noise's uniform source: (source, seed); seed is None off the CPU.
+    """The Gumbel noise's key holder: (source, seed), ``source.key`` the 62-bit key handed to the op.
 
-    On CPU a :class:`_CounterUniform` whose 62-bit key is drawn from torch's default generator (or
-    given: ``seed``, to replay the same draws), so ``torch.manual_seed`` reproduces the noise and
-    activation checkpointing (which restores torch's RNG state) redraws the same. Generated inside
-    the native loop, the draws cost no buffer and no pass of their own (no (2, rows, P) buffers
-    filled ahead)."""
-    if device.type != "cpu":
-        return _DeviceUniform(), None
+    The key is drawn from torch's default generator (or given: ``seed``, to replay the same draws), so
+    ``torch.manual_seed`` reproduces the noise and activation checkpointing (which restores torch's RNG
+    state) redraws the same. On CPU the draws are :func:`~pml_hyperbolic.kernels.lca.counter_uniform`'s
+    (generated inside the native loop: no buffer, no pass of their own), elsewhere those of a device
+    generator seeded with the key."""
     seed = int(torch.randint(0, 2 ** 62, ())) if seed is None else int(seed)
-    return _CounterUniform(seed), seed
-
-
-# The (T, P) slabs _LCATripletLoss keeps for its backward (two natively: u¹, u², 33 MB at the default
-# 8,192 triplets × 512 proxies; three on the torch path), kept between calls on CPU: ~8,000 fresh
-# pages per call otherwise (two calls per step, the batch's triplets and the proxies').
-_SPARE_GRADS = SpareBuffers(capacity=2)
-
-
-def _select_lca(m: torch.Tensor, tau: float, u: torch.Tensor | None, need_pi: bool):
-    r"""Row-wise LCA choice :math:`\arg\max_p (z_p + g_p)` with :math:`z = -m/\tau`, and
-    :math:`\pi = \operatorname{softmax}(z + g)` (None unless ``need_pi``). ``m`` is overwritten.
-
-    ``u`` None: g = 0, the plain argmax (first maximum on ties) and softmax. Otherwise ``u`` holds
-    U[0, 1) draws (the shape of ``m``) and g is Gumbel noise, drawn as the exponential
-    race :math:`g_p = -\log E_p`, :math:`E_p = -\log U_p \sim \operatorname{Exp}(1)`: with
-    :math:`e^{z_p + g_p} = e^{z_p}/E_p`, :math:`q_p = e^{z_p - \max z} / \log U_p = -e^{z_p + g_p - \max z}`,
-    the choice is :math:`\arg\min q` and :math:`\pi = q / \sum q`: one logarithm per element
-    instead of the two of :math:`-\log(-\log U)`, and no separate softmax (U = 0: weight 0)."""
-    z = m.div_(-tau)
-    z_max = z.amax(dim=1, keepdim=True)
-    if u is None:
-        choice = _first_index_of(z, z_max)
-        return choice, (z.softmax(dim=1) if need_pi else None)
-    log_u = u.log_()
-    q = z.sub_(z_max).exp_().div_(log_u)
-    choice = _first_index_of(q, q.amin(dim=1, keepdim=True))
-    return choice, (q.div_(q.sum(dim=1, keepdim=True)) if need_pi else None)
-
-
-def _route_through_maxima(dist, i, j, k, u):
-    """(g_i, g_j, g_k) from the rows u = (u¹, u²) (2, T, P): through m² = max(m¹, D_k) and
-    m¹ = max(D_i, D_j), ties to the first argument (the torch form of ``pml_lca_backward_*``)."""
-    di, dj, dk = dist[i], dist[j], dist[k]
-    g_k = torch.where(dk > torch.maximum(di, dj), u[1], torch.zeros_like(u[1]))
-    g_m = (u[1] - g_k) - u[0]
-    g_i = torch.where(di >= dj, g_m, torch.zeros_like(g_m))
-    return g_i, g_m - g_i, g_k
-
-
-class _LCATripletLoss(torch.autograd.Function):
-    r"""Per-triplet HIER loss with the straight-through LCA gradient, as one autograd node.
-
-    Forward, for triplet rows t = (i, j, k) and candidates p, with :math:`D` = ``dist`` (N, P):
-    :math:`m^{1} = \max(D_i, D_j)`, :math:`m^{2} = \max(m^{1}, D_k)`,
-    :math:`z^{r} = -m^{r}/\tau + g^{r}` (g: Gumbel noise or 0), :math:`a = \arg\max z^{1}`,
-    :math:`b = \arg\max z^{2}` (:func:`_select_lca`), and
-
-    .. math::
-        \ell = [D_{ia} - D_{ib} + \delta]_+ + [D_{ja} - D_{jb} + \delta]_+ + [D_{kb} - D_{ka} + \delta]_+ .
-
-    Backward: the hard path's exact gradient (±1 at the selected proxies, through each active
-    hinge) plus that of the straight-through term :math:`\sum_p (\pi^{1}_p - \pi^{2}_p) w_p`
-    (value 0), :math:`\pi^{r} = \operatorname{softmax}(z^{r})`,
-    :math:`w = [h_1>0] D_i + [h_2>0] D_j - [h_3>0] D_k`, whose row-t gradient is :math:`c_t/\tau` times
-
-    .. math::
-        \frac{\partial}{\partial m^{1}} = -u^{1}, \quad \frac{\partial}{\partial m^{2}} = u^{2},
-        \qquad u^{r} = \pi^{r} \odot (w - \langle \pi^{r}, w\rangle),
-
-    routed through the maxima to :math:`D_i, D_j, D_k` (ties to the first argument). All of this
-    but the row factor :math:`c_t/\tau` is known in the forward pass, so the forward computes the
-    three (T, P) unit-factor gradients block by block (``block`` rows: temporaries that stay in
-    cache and are reused by the allocator) and the backward only scales their rows, adds the hard
-    path and scatters them into (N, P). Autograd over the per-op form kept a dozen (T, P)
-    intermediates and ran a backward kernel for each (gathers, maxima, both softmaxes, the
-    zero-valued product, bool-mask routing), many times the cost of this form.
-
-    On CPU the rows run in the native library (:func:`pml_hyperbolic.kernels.native.lca_rows`: one pass
-    per row for the maxima, one per choice, one writing u¹ and u²; the same draws, the same choices,
-    gradients equal to rounding), and the backward routes u¹, u² through the maxima while it scatters
-    them (:func:`pml_hyperbolic.kernels.native.lca_backward`): two (T, P) slabs written and read instead of
-    three. Elsewhere, or with ``PML_HYPERBOLIC_NATIVE=0``, the torch ops below. Costs:
-    docs/design/hier-loss.md.
-    """
-
-    @staticmethod
-    def forward(ctx, dist, i, j, k, tau, margin, stochastic, block):
-        need_grad = ctx.needs_input_grad[0]
-        noise, seed = _noise_source(dist.device) if stochastic else (None, None)
-        loss, a, b, grads, on = _LCATripletLoss._run(dist, i, j, k, tau, margin, noise, block, need_grad)
-        ctx.mark_non_differentiable(a, b)
-        if need_grad:
-            # grads is kept as an attribute, not a saved tensor: the backward hands it back for the
-            # next call (_SPARE_GRADS); a second backward through the same graph (retain_graph)
-            # recomputes it from the same draws (``seed``). Off the CPU it stays with the graph.
-            ctx.grads, ctx.seed, ctx.stochastic = grads, seed, stochastic
-            ctx.save_for_backward(dist, on, i, j, k, a, b)
-            ctx.tau, ctx.margin, ctx.block = tau, margin, block
-        return loss, a, b
-
-    @staticmethod
-    def _run(dist, i, j, k, tau, margin, noise, block, need_grad):
-        """The forward's loop: (loss, a, b, grads or None, on or None)."""
-        n, p = i.numel(), dist.shape[1]
-        loss = dist.new_empty(n)
-        a = torch.empty(n, dtype=torch.long, device=dist.device)
-        b = torch.empty_like(a)
-        on = dist.new_empty(3, n) if need_grad else None  # active hinges
-        if dist.device.type == "cpu":  # one native pass per row (same formulas, same draws)
-            u = _SPARE_GRADS.take((2, n, p), dist) if need_grad else None  # u¹, u²: routed in the backward
-            done = _native.lca_rows(dist.contiguous(), i.contiguous(), j.contiguous(), k.contiguous(), tau, margin,
-                                    noise, block, u, on)
-            if done is not None:
-                return (*done, u, on)
-            if u is not None:
-                _SPARE_GRADS.give(u)
-        grads = _SPARE_GRADS.take((3, n, p), dist) if need_grad else None  # unit-factor d/dD_i, d/dD_j, d/dD_k
-        for start in range(0, n, block):
-            rows = slice(start, start + block)
-            di, dj, dk = (dist.index_select(0, idx[rows]) for idx in (i, j, k))
-            m1 = torch.maximum(di, dj)
-            if need_grad:  # routing through the maxima as 0/1 floats written straight into float
-                # tensors (``out=``): bool masks, or converting them, are several times slower on CPU
-                i_wins = torch.ge(di, dj, out=torch.empty_like(di))
-                k_wins = torch.gt(dk, m1, out=torch.empty_like(di))
-            m2 = torch.maximum(m1, dk)
-            stop = min(n, start + block)
-            u1, u2 = ((None, None) if noise is None else
-                      (noise.draws(r, start, stop, p, dist.dtype, dist.device) for r in (0, 1)))
-            a_r, pi1 = _select_lca(m1, tau, u1, need_grad)
-            b_r, pi2 = _select_lca(m2, tau, u2, need_grad)
-            a[rows], b[rows] = a_r, b_r
-            a_col, b_col = a_r.view(-1, 1), b_r.view(-1, 1)
-            h1 = di.gather(1, a_col) - di.gather(1, b_col) + margin  # (rows, 1)
-            h2 = dj.gather(1, a_col) - dj.gather(1, b_col) + margin
-            h3 = dk.gather(1, b_col) - dk.gather(1, a_col) + margin
-            loss[rows] = (torch.relu(h1) + torch.relu(h2) + torch.relu(h3)).view(-1)
-            if not need_grad:
-                continue
-            on1, on2, on3 = (h > 0 for h in (h1, h2, h3))
-            on1, on2, on3 = on1.to(di.dtype), on2.to(di.dtype), on3.to(di.dtype)
-            on[0, rows], on[1, rows], on[2, rows] = on1.view(-1), on2.view(-1), on3.view(-1)
-            w = di.mul_(on1).addcmul_(dj, on2).addcmul_(dk, on3, value=-1.0)
-            u1 = torch.mul(pi1, w)  # u = π ⊙ w − π ⟨π, w⟩
-            u1.addcmul_(pi1, u1.sum(dim=1, keepdim=True), value=-1.0)
-            u2 = w.mul_(pi2)
-            u2.addcmul_(pi2, u2.sum(dim=1, keepdim=True), value=-1.0)
-            g_i, g_j, g_k = grads[0, rows], grads[1, rows], grads[2, rows]
-            torch.mul(u2, k_wins, out=g_k)  # m² = max(m¹, D_k): d/dm² to D_k where it is the larger
-            g_m1 = u2.sub_(g_k).sub_(u1)  # the rest of d/dm², plus d/dm¹ = −u¹
-            torch.mul(g_m1, i_wins, out=g_i)
-            torch.sub(g_m1, g_i, out=g_j)
-        return loss, a, b, grads, on
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_a, _grad_b):
-        dist, on, i, j, k, a, b = ctx.saved_tensors
-        grads = ctx.grads
-        if grads is None:  # a second backward (retain_graph=True): the same draws again
-            noise = _noise_source(dist.device, ctx.seed)[0] if ctx.stochastic else None
-            grads = _LCATripletLoss._run(dist.detach(), i, j, k, ctx.tau, ctx.margin, noise, ctx.block, True)[3]
-        p = grads.shape[2]
-        scale = (grad_loss / ctx.tau).contiguous()
-        grad = grads.new_zeros(dist.shape[0], p)
-        if grads.shape[0] == 2:  # the native forward's u¹, u²: routed and scattered natively in one pass
-            if not _native.lca_backward(grad, dist.contiguous(), i, j, k, grads, scale):
-                grads = torch.stack(_route_through_maxima(dist, i, j, k, grads))  # (native switched off since)
-        if grads.shape[0] == 3:  # grad[idx] += grads[r] · scale
-            scaled = torch.empty_like(grads[0])  # one buffer for the three: the saved ones stay intact
-            for r, idx in enumerate((i, j, k)):
-                grad.index_add_(0, idx, torch.mul(grads[r], scale.view(-1, 1), out=scaled))
-        if dist.device.type == "cpu":  # consumed: the buffer serves the next call
-            ctx.grads = None
-            _SPARE_GRADS.give(grads)
-        # hard path: +c at LCA(i, j), −c at LCA(i, j, k) (reversed for k), through active hinges
-        hard = on * grad_loss.view(1, -1)  # (3, T)
-        flat = grad.view(-1)
-        for r, (idx, sign) in enumerate(((i, 1.0), (j, 1.0), (k, -1.0))):
-            flat.index_add_(0, idx * p + a, hard[r], alpha=sign).index_add_(0, idx * p + b, hard[r], alpha=-sign)
-        return grad, None, None, None, None, None, None, None
+    return (_lca._CounterUniform(seed) if device.type == "cpu" else _lca._DeviceUniform(seed, device)), seed
 
 
 class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
@@ -393,8 +149,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     \exp(-\max_{s}d(s,p)/\tau + g_p)` (``tau``), so the distances to every candidate, hence all
     proxies, get gradient. In training mode with ``stochastic_lca=True`` the :math:`g_p` are
     Gumbel(0, 1) noise (hard Gumbel-softmax, as in the paper; on CPU from a counter-based generator
-    keyed from torch's generator, :func:`counter_uniform`, so ``torch.manual_seed`` reproduces it;
-    on other devices ``torch.rand``); in eval mode or with
+    keyed from torch's generator, :func:`~pml_hyperbolic.kernels.lca.counter_uniform`, so
+    ``torch.manual_seed`` reproduces it; on other devices ``torch.rand`` from a device generator seeded
+    with that key); in eval mode or with
     ``stochastic_lca=False`` g = 0 and the selection is the deterministic argmin (ties: lowest
     proxy index; proxy-proxy distances are symmetrised so that LCA(i, j) ties between proxies i
     and j are broken the same way every time). The π-part is an estimator, not the derivative of
@@ -551,11 +308,16 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _chunk_losses(self, dist, i, j, k):
         """Loss of each triplet (before dropping), LCA(i, j) and LCA(i, j, k) indices.
 
-        ``dist`` is (N, P) point→candidate distances; every op is O(len(i)·P) (see
-        :class:`_LCATripletLoss` for the formulas and why it is one autograd node)."""
+        ``dist`` is (N, P) point→candidate distances; every op is O(len(i)·P), one custom op with its
+        registered autograd (``pml_hyperbolic::hier_lca_rows``, :mod:`pml_hyperbolic.kernels.lca`: the
+        formulas, and why the backward's rows are computed in the forward). The Gumbel noise's key is
+        drawn here, from torch's generator, and handed to the op."""
         elements = _BLOCK_ELEMENTS if dist.device.type == "cpu" else _BLOCK_ELEMENTS_GPU
         block = max(1, elements // dist.shape[1])
-        return _LCATripletLoss.apply(dist, i, j, k, self.tau, self.margin, self._lca_stochastic(), block)
+        key = None
+        if self._lca_stochastic():
+            key = torch.tensor(_noise_source(dist.device)[0].key, dtype=torch.long)
+        return _lca.lca_triplet_loss(dist, i, j, k, tau=self.tau, margin=self.margin, key=key, block=block)
 
     def _triplet_losses(self, dist, i, j, k):
         """Per-triplet losses and the kept mask (LCAs differ), chunked + checkpointed."""

@@ -28,7 +28,7 @@ def run(path, dist, i, j, k, stochastic, need_grad, block=64, seed=11):
     os.environ["PML_HYPERBOLIC_NATIVE"] = path
     try:
         noise = H._noise_source(dist.device, seed)[0] if stochastic else None
-        loss, a, b, grads, on = H._LCATripletLoss._run(dist, i, j, k, 0.2, 0.1, noise, block, need_grad)
+        loss, a, b, grads, on = H._lca.triplet_rows(dist, i, j, k, 0.2, 0.1, noise, block, need_grad)
         routed = None
         if grads is not None:  # the native path keeps u¹, u² (2, T, P), the torch path g_i, g_j, g_k
             assert grads.shape[0] == (2 if path == "1" else 3)
