@@ -38,6 +38,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
+from .kernels.build import switched_on
 from .kernels.gram import DENOM_FLOOR
 from .kernels.ops import poincare_pairwise_dist
 
@@ -386,7 +387,7 @@ def dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:
 
 def _triton_requested() -> bool:
     """CUDA tensors take the Triton kernels unless ``PML_HYPERBOLIC_TRITON=0`` (read at every call)."""
-    return os.environ.get("PML_HYPERBOLIC_TRITON", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switched_on("PML_HYPERBOLIC_TRITON")
 
 
 def pairwise_dist(x: Tensor, y: Tensor, c: CurvatureLike) -> Tensor:

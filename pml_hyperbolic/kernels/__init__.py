@@ -26,14 +26,33 @@ def status() -> dict:
     """Which implementation the kernels run in this process, and why.
 
     Returns:
-        ``{"pairwise": path, "hier_lca": path, "reason": str}`` with path ``"native"`` when the
+        ``{"pairwise": path, "hier_lca": path, "reason": str, "cuda_pairwise": str, "cuda_reason":
+        str}`` with path ``"native"`` when the
         compiled kernels loaded and passed their self-check, else ``"torch"`` (the reference torch
         path) with the reason (disabled by ``PML_HYPERBOLIC_NATIVE=0``, no compiler, a failed build or
         self-check). ``"pairwise"``: the distance ops (``pml_hyperbolic::pairwise_poincare_dist``,
         ``::poincare_row_terms``); ``"hier_lca"``: HIER's LCA rows on CPU
-        (``pml_hyperbolic::hier_lca_rows`` and its backward; off the CPU they always run the torch ops).
+        (``pml_hyperbolic::hier_lca_rows`` and its backward; off the CPU they always run the torch ops);
+        ``"cuda_pairwise"``: the distance on CUDA tensors, ``"triton"``, ``"torch"`` or ``"none"`` (no
+        CUDA device), with ``"cuda_reason"``.
     """
     text = build.status()
     path = "native" if text == "native" else "torch"
     reason = "compiled kernels loaded and self-checked" if path == "native" else text
-    return {"pairwise": path, "hier_lca": path, "reason": reason}
+    cuda, cuda_reason = _cuda_path()
+    return {"pairwise": path, "hier_lca": path, "reason": reason, "cuda_pairwise": cuda, "cuda_reason": cuda_reason}
+
+
+def _cuda_path() -> tuple[str, str]:
+    """Which path ``pairwise_dist`` takes on CUDA tensors, without importing Triton."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "none", "no CUDA device"
+    if not build.switched_on("PML_HYPERBOLIC_TRITON"):
+        return "torch", "PML_HYPERBOLIC_TRITON=0"
+    if importlib.util.find_spec("triton") is None:
+        return "torch", "Triton is not installed"
+    return "triton", "fused Triton kernels (PML_HYPERBOLIC_TRITON=0 turns them off)"

@@ -65,7 +65,7 @@ _state: dict = {}  # "ops": the operator namespace or None, "reason": status tex
 def switched_on(variable: str) -> bool:
     """An on/off environment switch, on unless set to 0, false, no or off (read at every call, so
     tests can flip it)."""
-    return os.environ.get(variable, "1").strip() not in ("0", "false", "no", "off")
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def enabled() -> bool:

@@ -368,3 +368,18 @@ def test_the_loaded_build_has_a_matching_digest():
     folder = build.build_dir()
     data = build._library_file(folder).read_bytes()
     assert build._digest_file(folder).read_text() == build._digest_line(data)
+
+
+def test_status_names_the_path_of_cuda_tensors(monkeypatch):
+    from pml_hyperbolic import kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert kernels.status()["cuda_pairwise"] == "none"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("PML_HYPERBOLIC_TRITON", "off")
+    assert kernels.status()["cuda_pairwise"] == "torch" and "PML_HYPERBOLIC_TRITON=0" in kernels.status()["cuda_reason"]
+    monkeypatch.delenv("PML_HYPERBOLIC_TRITON")
+    import importlib.util
+
+    expected = "triton" if importlib.util.find_spec("triton") is not None else "torch"
+    assert kernels.status()["cuda_pairwise"] == expected
