@@ -30,7 +30,7 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
 MAGIC = b"PMLHYPIX"
 FORMAT_VERSION = 1
 _OPTIONS = ("rtol", "batch_size", "margin", "use_gpu", "error_model", "hnsw_m", "ef_search", "project",
-            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe")
+            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe", "coarse")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
