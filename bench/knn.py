@@ -281,6 +281,8 @@ def main(argv=None):
     p.add_argument("--ef", default="16,32,64", help="--scale: HNSW efSearch values")
     p.add_argument("--hnsw-m", type=int, default=32, help="--scale: HNSW links per node")
     p.add_argument("--pq", type=int, default=0, help="--scale: also IVF<nlist>,PQ<pq> (0: no)")
+    p.add_argument("--coarse", default="directions",
+                   help="--scale: IVF coarse training(s) of HyperbolicIndex, comma-separated: directions, lift")
     p.add_argument("--train-sample", type=int, default=200000, help="--scale: IVF training points")
     args = p.parse_args(argv)
     import faiss
