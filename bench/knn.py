@@ -259,7 +259,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--c", type=float, default=0.1)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="best of this many timings (--scale: of each search)")
     p.add_argument("--custom-queries", type=int, default=10000)
     p.add_argument("--hypll-queries", type=int, default=200)
     p.add_argument("--custom-batch", type=int, default=256)
