@@ -22,8 +22,8 @@ of :math:`Y_0`, of the extra coordinate and of :math:`\|Y_{1:}\|` (shared by eve
 :math:`\|Y' - C_j\|^2 = \text{const} - 2s\|Y_{1:}\|\,u_j\cdot x/\|x\|` and the same for a query:
 faiss's own L2 assignment picks the list of the nearest direction, for database points and queries
 alike, and the lists are as balanced as a cosine index's. Ranking inside the lists is unchanged
-(the full augmented rows), so the exact re-rank is as before; residual codes (PQ, SQ) see residuals
-centred on the lists' means.
+(the full augmented rows), so the exact re-rank is as before; residual codes (PQ, SQ) encode each
+point relative to a centroid at the training points' mean radial coordinates.
 
 Design note: docs/design/knn-index.md
 """
