@@ -1,6 +1,9 @@
 """Balanced coarse quantizer of IVF factories over the lift (coarse="directions"): lists as balanced
 as a cosine index's on clustered data with spread radii, each point in the list of its nearest
 direction, recall not below faiss's own k-means on the lift, identical results after save/load."""
+import json
+import struct
+
 import faiss
 import numpy as np
 import pytest
@@ -126,6 +129,22 @@ def test_save_load_round_trip_keeps_the_balanced_lists(tmp_path, data):
     lift = HyperbolicIndex(c=C, factory="IVF64,Flat", coarse="lift").add(x)
     lift.save(tmp_path / "l.hidx")
     assert HyperbolicIndex.load(tmp_path / "l.hidx").coarse == "lift"
+
+
+def test_a_file_without_the_option_loads_as_trained_on_the_lift(tmp_path, data):
+    x, q, _ = data
+    index = HyperbolicIndex(c=C, factory="IVF64,Flat", coarse="lift").add(x)
+    index.save(tmp_path / "a.hidx")
+    raw = (tmp_path / "a.hidx").read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[8:16])
+    header = json.loads(raw[16:16 + hlen])
+    del header["options"]["coarse"]  # the header as files written before the option have it
+    head = json.dumps(header, sort_keys=True).encode()
+    (tmp_path / "old.hidx").write_bytes(raw[:8] + struct.pack("<Q", len(head)) + head + raw[16 + hlen:])
+    old = HyperbolicIndex.load(tmp_path / "old.hidx")
+    assert old.coarse == "lift"
+    a, b = index.search(q, 10), old.search(q, 10)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 def test_training_is_reproducible(data):
