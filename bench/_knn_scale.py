@@ -11,7 +11,11 @@ Per factory: build seconds (train + add), bytes (faiss.serialize_index; for Hype
 coordinates it keeps for the exact distances), and per search setting: queries/s over all queries
 (k = 10), recall@10 against the exact index of the same side (HyperbolicIndex "Flat", certified;
 faiss IndexFlatIP for the cosine), ratios to the exact index and to the cosine index at the same
-setting. Hyperbolic and cosine searches alternate; the load average is stored in every row.
+setting (the best of ``--repeats`` alternating runs of each). Hyperbolic and cosine searches alternate; the
+load average is stored in every row.
+IVF rows also carry the coarse training (``--coarse``: ``directions``, the default, and/or ``lift``,
+faiss's k-means on the stored vectors) and faiss's imbalance factor of the lists, beside the cosine
+index's (1 = equal lists).
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ def run_scale(args):
     import faiss
 
     from pml_hyperbolic.evaluation import HyperbolicIndex
+    from pml_hyperbolic.search import approximate as _approx
 
     n, nq, d, c, k = args.n, args.queries, args.dim, args.c, 10
     x, dirs, centres = make_gallery(n, d, c, seed=1)
@@ -80,13 +85,18 @@ def run_scale(args):
     # exact references (and the exact index's own speed)
     exact = HyperbolicIndex(c=c)
     t_build, _ = _timed(lambda: exact.add(x_t))
-    t_h, (_, truth_h) = _timed(lambda: exact.search(q_t, k))
+    t_h = t_c = float("inf")
+    for _ in range(max(1, args.repeats)):
+        t, (_, truth_h) = _timed(lambda: exact.search(q_t, k))
+        t_h = min(t_h, t)
     exact_bytes = len(faiss.serialize_index(exact._index)) + exact._ball.numel() * exact._ball.element_size()
     del exact
     _faiss_threads(args.threads)
     flat_cos = faiss.IndexFlatIP(d)
     t_cb, _ = _timed(lambda: flat_cos.add(dirs))
-    t_c, (_, truth_c) = _timed(lambda: flat_cos.search(qdirs, k))
+    for _ in range(max(1, args.repeats)):
+        t, (_, truth_c) = _timed(lambda: flat_cos.search(qdirs, k))
+        t_c = min(t_c, t)
     cos_flat_bytes = len(faiss.serialize_index(flat_cos))
     del flat_cos
     qps_exact_h, qps_exact_c = nq / t_h, nq / t_c
@@ -98,22 +108,16 @@ def run_scale(args):
     plans.append((f"IVF{args.nlist},Flat", "nprobe", [int(v) for v in args.nprobe.split(",") if v]))
     if args.pq:
         plans.append((f"IVF{args.nlist},PQ{args.pq}", "nprobe", [int(v) for v in args.nprobe.split(",") if v]))
+    coarse_list = [v for v in args.coarse.split(",") if v]
+    if not coarse_list or set(coarse_list) - {"directions", "lift"}:
+        raise ValueError(f"--coarse must list 'directions' and/or 'lift', got {args.coarse!r}")
     for factory, param, values in plans:
         if not values:  # e.g. --ef "" skips HNSW
             continue
-        print(f"### {factory}", flush=True)
-        hyp = HyperbolicIndex(c=c, factory=factory)
-
-        def build_h():
-            if "IVF" in factory:
-                hyp.train(x_t[torch.from_numpy(sample)])
-            hyp.add(x_t)
-
-        t_bh, _ = _timed(build_h)
-        h_faiss = len(faiss.serialize_index(hyp._index))
-        h_coords = hyp._ball.numel() * hyp._ball.element_size()
         _faiss_threads(args.threads)
         cos = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+        if factory.startswith("HNSW"):
+            faiss.downcast_index(cos).hnsw.efConstruction = 40  # faiss's default, HyperbolicIndex's too
 
         def build_c():
             if "IVF" in factory:
@@ -121,25 +125,43 @@ def run_scale(args):
             cos.add(dirs)
 
         t_bc, _ = _timed(build_c)
-        if factory.startswith("HNSW"):
-            faiss.downcast_index(cos).hnsw.efConstruction = hyp.ef_construction  # (set before add below)
         c_bytes = len(faiss.serialize_index(cos))
-        ps = faiss.ParameterSpace()
-        for value in values:
-            hyp.set_search_parameters(**{param: value})
-            ps.set_index_parameter(cos, "efSearch" if param == "ef_search" else "nprobe", value)
-            t_s, (_, found_h) = _timed(lambda: hyp.search(q_t, k))
-            _faiss_threads(args.threads)
-            t_sc, (_, found_c) = _timed(lambda: cos.search(qdirs, k))
-            qps_h, qps_c = nq / t_s, nq / t_sc
-            log(dict(factory=factory, setting=f"{param}={value}", build_s=t_bh, qps=qps_h,
-                     recall10=_recall(found_h.numpy(), truth_h.numpy(), k), bytes=h_faiss + h_coords,
-                     faiss_bytes=h_faiss, coordinate_bytes=h_coords, cos_build_s=t_bc, cos_qps=qps_c,
-                     cos_recall10=_recall(found_c, truth_c, k), cos_bytes=c_bytes,
-                     speedup_vs_exact=qps_h / qps_exact_h, qps_ratio_to_cosine=qps_h / qps_c,
-                     faiss_bytes_ratio_to_cosine=h_faiss / c_bytes,
-                     bytes_ratio_to_cosine=(h_faiss + h_coords) / c_bytes))
-        del hyp, cos
+        cos_imb = _approx.imbalance(cos)
+        for coarse in (coarse_list if "IVF" in factory else [None]):
+            print(f"### {factory}" + (f" (coarse={coarse})" if coarse else ""), flush=True)
+            hyp = HyperbolicIndex(c=c, factory=factory, **({"coarse": coarse} if coarse else {}))
+
+            def build_h():
+                if "IVF" in factory:
+                    hyp.train(x_t[torch.from_numpy(sample)])
+                hyp.add(x_t)
+
+            t_bh, _ = _timed(build_h)
+            h_faiss = len(faiss.serialize_index(hyp._index))
+            h_coords = hyp._ball.numel() * hyp._ball.element_size()
+            extra = {} if coarse is None else dict(coarse=coarse, imbalance=_approx.imbalance(hyp._index),
+                                                   cos_imbalance=cos_imb)
+            ps = faiss.ParameterSpace()
+            for value in values:
+                hyp.set_search_parameters(**{param: value})
+                ps.set_index_parameter(cos, "efSearch" if param == "ef_search" else "nprobe", value)
+                t_s = t_sc = float("inf")
+                for _ in range(max(1, args.repeats)):  # alternating, best of --repeats each
+                    t, (_, found_h) = _timed(lambda: hyp.search(q_t, k))
+                    t_s = min(t_s, t)
+                    _faiss_threads(args.threads)
+                    t, (_, found_c) = _timed(lambda: cos.search(qdirs, k))
+                    t_sc = min(t_sc, t)
+                qps_h, qps_c = nq / t_s, nq / t_sc
+                log(dict(factory=factory, setting=f"{param}={value}", **extra, build_s=t_bh, qps=qps_h,
+                         recall10=_recall(found_h.numpy(), truth_h.numpy(), k), bytes=h_faiss + h_coords,
+                         faiss_bytes=h_faiss, coordinate_bytes=h_coords, cos_build_s=t_bc, cos_qps=qps_c,
+                         cos_recall10=_recall(found_c, truth_c, k), cos_bytes=c_bytes,
+                         speedup_vs_exact=qps_h / qps_exact_h, qps_ratio_to_cosine=qps_h / qps_c,
+                         faiss_bytes_ratio_to_cosine=h_faiss / c_bytes,
+                         bytes_ratio_to_cosine=(h_faiss + h_coords) / c_bytes))
+            del hyp
+        del cos
     _summary(rows)
     return rows
 

@@ -259,7 +259,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--c", type=float, default=0.1)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="best of this many timings (--scale: of each search)")
     p.add_argument("--custom-queries", type=int, default=10000)
     p.add_argument("--hypll-queries", type=int, default=200)
     p.add_argument("--custom-batch", type=int, default=256)
@@ -281,6 +281,8 @@ def main(argv=None):
     p.add_argument("--ef", default="16,32,64", help="--scale: HNSW efSearch values")
     p.add_argument("--hnsw-m", type=int, default=32, help="--scale: HNSW links per node")
     p.add_argument("--pq", type=int, default=0, help="--scale: also IVF<nlist>,PQ<pq> (0: no)")
+    p.add_argument("--coarse", default="directions",
+                   help="--scale: IVF coarse training(s) of HyperbolicIndex, comma-separated: directions, lift")
     p.add_argument("--train-sample", type=int, default=200000, help="--scale: IVF training points")
     args = p.parse_args(argv)
     import faiss

@@ -173,6 +173,15 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             ``kind``. Approximate: candidates from faiss, distances recomputed exactly.
         nprobe: inverted lists visited per query (factories with IVF); ``None`` = faiss's default
             (1). Also :meth:`set_search_parameters`.
+        coarse: how an IVF factory's coarse centroids are trained: ``"directions"`` (default) =
+            spherical k-means on the points' unit directions, placed so that faiss's assignment
+            picks the nearest direction (lists as balanced as a cosine index's; the ranking inside
+            the lists is the lift's, so the re-rank stays exact); ``"lift"`` = faiss's own k-means
+            on the lifted vectors, which splits the gallery by radius too and leaves a few lists
+            much longer than the rest. Why: the time of an IVF search grows with the length of the
+            lists it visits (:mod:`pml_hyperbolic.search.approximate`). Factories with a transform
+            before the IVF (``"OPQ16,IVF..."``, ``"PCA64,IVF..."``) or another quantizer (``IMI``)
+            are trained by faiss either way.
 
     Raises:
         ValueError: any bad argument, naming it (checked here, before faiss sees a value).
@@ -201,6 +210,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         ef_construction: int = 40,
         factory: Optional[str] = None,
         nprobe: Optional[int] = None,
+        coarse: str = "directions",
     ):
         # a geometry or tensor is read again at each add/search (its curvature may be trained)
         self._c_source = None if isinstance(c, (int, float)) else c
@@ -258,6 +268,9 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         self.nprobe = _approx.check_param(nprobe, "nprobe")
         if self.nprobe is not None and not _approx.has_ivf(factory):
             raise ValueError(f"nprobe applies to IVF factories, not to factory={factory!r}")
+        if not (isinstance(coarse, str) and coarse in ("directions", "lift")):
+            raise ValueError(f"coarse must be 'directions' or 'lift', got {coarse!r}")
+        self.coarse = coarse
         self.kind = "flat" if self._exact else ("hnsw" if kind == "hnsw" else "factory")
         self.error_model = error_model
         self.rtol = float(rtol)

@@ -13,6 +13,18 @@ the index for inverted files and other codes (a tight sphere keeps the lists apa
 (``HNSW``), whose links are built between database points and prefer the flatter cap. Factories whose codes need
 the dimension to be a multiple of something (``PQ16``...) get zero columns appended.
 
+Coarse quantizer of an inverted file (``coarse="directions"``, the default): faiss's k-means on the
+augmented rows :math:`Y'` splits the gallery by radius as well as by direction (the radial coordinates
+:math:`Y_0` and :math:`\sqrt{M^2 - \|Y\|^2}` carry most of each row's norm), so a few lists hold most
+points. Instead the centroids are trained by spherical k-means on the unit directions
+:math:`x/\|x\|` and placed at :math:`C_j = (a,\ s\,u_j,\ b,\ 0)`, with :math:`a, b, s` the means
+of :math:`Y_0`, of the extra coordinate and of :math:`\|Y_{1:}\|` (shared by every list). Then
+:math:`\|Y' - C_j\|^2 = \text{const} - 2s\|Y_{1:}\|\,u_j\cdot x/\|x\|` and the same for a query:
+faiss's own L2 assignment picks the list of the nearest direction, for database points and queries
+alike, and the lists are as balanced as a cosine index's. Ranking inside the lists is unchanged
+(the full augmented rows), so the exact re-rank is as before; residual codes (PQ, SQ) encode each
+point relative to a centroid at the training points' mean radial coordinates.
+
 Design note: docs/design/knn-index.md
 """
 from __future__ import annotations
@@ -129,6 +141,44 @@ def train(index, xa: np.ndarray, factory: str) -> None:
     except RuntimeError as err:
         raise ValueError(f"training factory {factory!r} on {n} points failed: "
                          f"{str(err).strip().splitlines()[-1]}; train() with more points") from None
+
+
+def balanced_quantizer(index):
+    """The IVF of ``index`` when its coarse quantizer can take direction centroids (the IVF is the
+    index itself, not behind a transform, with a flat or HNSW quantizer that is still empty), else
+    None (faiss then trains it alone)."""
+    ivf = faiss.downcast_index(index)
+    if not isinstance(ivf, faiss.IndexIVF):
+        return None
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    if not isinstance(quantizer, (faiss.IndexFlat, faiss.IndexHNSWFlat)) or quantizer.ntotal:
+        return None
+    return ivf
+
+
+def direction_centroids(xa: np.ndarray, directions: np.ndarray, nlist: int, dim: int,
+                        seed: int = 1234) -> np.ndarray | None:
+    """float32 (nlist, xa's width) centroids :math:`(a, s u_j, b, 0)` (module docstring) from
+    spherical k-means on the unit ``directions`` (rows of the training points with a direction);
+    None when fewer than ``nlist`` points have a direction. ``dim`` is D, the ball dimension."""
+    if directions.shape[0] < nlist:
+        return None
+    km = faiss.Kmeans(dim, nlist, niter=20, spherical=True, seed=seed)
+    km.train(np.ascontiguousarray(directions, dtype=np.float32))
+    u = km.centroids / np.linalg.norm(km.centroids, axis=1, keepdims=True).clip(1e-30)
+    out = np.zeros((nlist, xa.shape[1]), dtype=np.float32)
+    xa64 = xa.astype(np.float64)
+    out[:, 0] = xa64[:, 0].mean()
+    out[:, 1:dim + 1] = np.linalg.norm(xa64[:, 1:dim + 1], axis=1).mean() * u
+    out[:, dim + 1] = xa64[:, dim + 1].mean()
+    return out
+
+
+def imbalance(index) -> float:
+    """faiss's imbalance factor of an inverted file (1 = equal lists; N·Σn_i²/(Σn_i)² in general),
+    nan for an index without one."""
+    ivf = _ivf(index)
+    return float("nan") if ivf is None else float(ivf.invlists.imbalance_factor())
 
 
 def check_param(value, name: str):

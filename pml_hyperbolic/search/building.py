@@ -83,6 +83,15 @@ class FactoryMixin:
         self._set_mips_m(ref, cx2, den)
         rows = np.concatenate([self._approx_rows(ref, cx2, den, a, a + 65536)[0]
                                for a in range(0, ref.shape[0], 65536)])
+        ivf = _approx.balanced_quantizer(self._index) if self.coarse == "directions" else None
+        if ivf is not None and rows.shape[0] >= ivf.nlist:
+            # balanced coarse lists: centroids from the unit directions (search/approximate.py)
+            norm = torch.linalg.vector_norm(ref, dim=1)
+            has_dir = norm > 0
+            dirs = (ref[has_dir] / norm[has_dir, None]).to(torch.float32).numpy()
+            centroids = _approx.direction_centroids(rows[has_dir.numpy()], dirs, ivf.nlist, ref.shape[1])
+            if centroids is not None:
+                ivf.quantizer.add(centroids)  # faiss's train() then leaves the quantizer as it is
         _approx.train(self._index, rows, self.factory)
 
     # ------------------------------------------------------------------ parameters, GPU, files

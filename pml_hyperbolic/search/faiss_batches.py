@@ -1,4 +1,4 @@
-"""The faiss side of one search of :class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, batch by
+r"""The faiss side of one search of :class:`~pml_hyperbolic.evaluation.HyperbolicIndex`, batch by
 batch: the faiss index it builds, the candidate count k' = k + margin, the rows of one batch, the
 faiss call (with the caller's thread count), and the loop that certifies each batch's rows or
 widens their candidates (a mixin: the class holds the state; the certification itself is in

@@ -30,7 +30,7 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
 MAGIC = b"PMLHYPIX"
 FORMAT_VERSION = 1
 _OPTIONS = ("rtol", "batch_size", "margin", "use_gpu", "error_model", "hnsw_m", "ef_search", "project",
-            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe")
+            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe", "coarse")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -125,6 +125,7 @@ def load(cls, path, c=None):
             raise ValueError(f"c: the index in {os.fspath(path)!r} was built with c={stored_c:g}, "
                              f"not c={want:g}; load it without c, or rebuild it for c={want:g}")
     options = dict(header["options"])
+    options.setdefault("coarse", "lift")  # files written before the option: faiss trained the lists
     if options.get("exact_ranks") is not None:
         options["exact_ranks"] = tuple(options["exact_ranks"])
     index = cls(c=stored_c, **options)

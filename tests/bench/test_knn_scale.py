@@ -14,5 +14,6 @@ def test_scale_rows_at_a_toy_size():
         assert abs(r["qps_ratio_to_cosine"] - r["qps"] / r["cos_qps"]) < 1e-9 * r["qps_ratio_to_cosine"]
         assert "load_1min" in r
     assert rows[0]["recall10"] == 1.0
+    assert all(r["coarse"] == "directions" and r["imbalance"] >= 1.0 and r["cos_imbalance"] >= 1.0 for r in rows[2:])
     assert rows[-1]["recall10"] == 1.0  # every list probed: the exact neighbours
     assert rows[-1]["coordinate_bytes"] == 3000 * 16 * 4  # float32 coordinates kept for exact distances
