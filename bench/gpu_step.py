@@ -402,7 +402,8 @@ def profile_steps(step, n_steps: int, device) -> dict:
         print("    lines that synchronised the host with the device in one step: "
               + "; ".join(f"{site} x{n}" for site, n in sync_sites.items()), flush=True)
     return {"steps": n_steps, "wall_ms_per_step": wall * 1e3, "kernel_ms_per_step": busy,
-            "host_waits_per_step": waits, "synchronising_lines": sync_sites, "kernels": every}
+            "host_waits_per_step": waits, "synchronising_lines": sync_sites, "kernels": every[:30],
+            "other_kernels": {"count": len(every[30:]), "ms_per_step": sum(k["ms_per_step"] for k in every[30:])}}
 
 
 def synchronising_lines(step, device) -> dict:
