@@ -73,7 +73,13 @@ def run(name: str, argv: list[str], output: str | None = None, record: bool = Tr
         sys.stdout, sys.argv = tee.stream, saved_argv
     wall, load_after = time.perf_counter() - start, _record.load_average()
     status = value if isinstance(value, int) and not isinstance(value, bool) else 0
-    if isinstance(value, dict):
+    settings = summary = None
+    if isinstance(value, dict) and isinstance(value.get("rows"), list) and all(isinstance(r, dict) for r in value["rows"]):
+        # a report with its rows: the rows become the record's results, the rest its settings
+        rows, summary = value["rows"], value.get("summary")
+        settings = {key: item for key, item in value.items() if key not in ("rows", "summary", "settings")}
+        settings.update(value.get("settings") if isinstance(value.get("settings"), dict) else {})
+    elif isinstance(value, dict):
         rows = [value]
     elif isinstance(value, (list, tuple)) and all(isinstance(r, dict) for r in value):
         rows = list(value)
@@ -82,7 +88,7 @@ def run(name: str, argv: list[str], output: str | None = None, record: bool = Tr
     if record:
         rec = _record.record(name, rows, command=argv, description=listed[name], load_before=load_before,
                              load_after=load_after, wall_s=wall, exit_status=status,
-                             text=None if rows else tee.copy.getvalue())
+                             text=None if rows else tee.copy.getvalue(), settings=settings, summary=summary)
         print(f"result: {os.path.relpath(_record.write(rec, output))}")
     return status
 

@@ -140,11 +140,12 @@ def jsonable(value):
 
 def record(benchmark: str, results: list, *, command: list[str], description: str = "",
            load_before: list[float] | None = None, load_after: list[float] | None = None,
-           wall_s: float | None = None, exit_status: int = 0, text: str | None = None) -> dict:
+           wall_s: float | None = None, exit_status: int = 0, text: str | None = None,
+           settings: dict | None = None, summary: str | None = None) -> dict:
     """The result dictionary of one run of ``benchmark`` (see ``bench/results/schema.json``).
 
     ``results`` are the benchmark's rows (dictionaries). ``text`` keeps the printed report of a
-    benchmark that has no rows yet."""
+    benchmark that has no rows yet; ``settings`` and ``summary`` (optional) describe the run."""
     head, dirty = commit()
     now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
     out = {
@@ -164,6 +165,10 @@ def record(benchmark: str, results: list, *, command: list[str], description: st
         "versions": versions(),
         "results": jsonable(list(results)),
     }
+    if settings is not None:
+        out["settings"] = jsonable(settings)
+    if summary is not None:
+        out["summary"] = str(summary)
     if text is not None:
         out["text"] = text
     return out

@@ -116,3 +116,17 @@ def test_profile_reports_host_waits_per_step(gpu_step, one_thread, capsys):
         # the trainer reads the loss back once per step at least (its finiteness, the logged value)
         assert profile["host_waits_per_step"].get("aten::_local_scalar_dense", 0) >= 1
     assert out.count("profile over 2 steps") == 2  # the row and its baseline
+
+
+def test_the_record_holds_the_rows_and_the_run_settings(one_thread, tmp_path, capsys):
+    from bench.__main__ import run
+    from tests.bench.test_suite import _schema, validate
+
+    path = tmp_path / "record.json"
+    assert run("gpu_step", ["--device", "cpu", "--rows", "hyp_vit", "--batch-size", "8", "--image-size", "32",
+                            "--steps", "1", "--warmup", "1", "--threads", "1"], output=str(path)) == 0
+    rec = json.loads(path.read_text())
+    assert validate(rec, _schema()) == []
+    assert [row["row"] for row in rec["results"]] == ["baseline 8=2x4", "hyp_vit"]
+    assert rec["settings"]["device"] == "cpu" and rec["settings"]["pairwise"] == "torch"
+    assert rec["summary"].startswith("summary") and "hyp_vit" in rec["summary"]
