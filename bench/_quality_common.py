@@ -42,6 +42,9 @@ BANK_DATASETS = ("glyphs", "icons", "iconify", "fashion-mnist")
 # validation gallery): display fonts for the glyphs, the query group of themes for the icons, the query
 # group of icon sets for the Iconify sets.
 QUERY_SIDE = {"glyphs": "display", "icons": "query", "iconify": "query"}
+# The bundled development domains (drawings of a class in several styles, every class under one parent):
+# their images are read by :func:`image_dataset` and go through the ``"glyph"`` transforms.
+DEVELOPMENT_DOMAINS = ("glyphs", "icons", "iconify")
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist", "/usr/share/dataset-fashion-mnist",
                       "/usr/share/fashion-mnist")
 METRIC_KEYS = ("recall_at_1", "recall_at_2", "recall_at_4", "recall_at_8", "mean_average_precision_at_r")
@@ -136,6 +139,18 @@ class FashionMNISTRetrieval:
         from PIL import Image
 
         return Image.fromarray(self._pixels[i]).convert("RGB"), int(self.labels[i])
+
+
+def image_dataset(dataset, split):
+    """The PIL images of one split of a development domain (``DEVELOPMENT_DOMAINS``): the glyphs, the
+    freedesktop icons or the Iconify sets (greyscale, stored as ``"L"``; the ``"glyph"`` transforms
+    turn every one into a 3-channel tensor). Each has ``labels`` and ``super_labels`` (the parent)."""
+    from pml_hyperbolic.data import GlyphDataset, IconDataset, IconifyDataset
+
+    readers = {"glyphs": GlyphDataset, "icons": IconDataset, "iconify": IconifyDataset}
+    if dataset not in readers:
+        raise ValueError(f"dataset must be one of {DEVELOPMENT_DOMAINS} (images readable here), got {dataset!r}")
+    return readers[dataset](split)
 
 
 def find_fashion_mnist(root=None):

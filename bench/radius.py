@@ -1,25 +1,38 @@
 #!/usr/bin/env python
-"""Does the ball's radius carry information? Head × loss ablation on the bundled glyphs.
+"""Does the ball's radius carry information? Head × loss ablation on every bundled development domain.
 
-    python -m bench radius                      # 3 seeds, every head and loss (about 6 min on 2 cores)
+    python -m bench radius                      # 3 seeds, every head and loss, glyphs + icons + iconify
+    python -m bench radius --datasets glyphs    # the glyphs alone (about 6 min on 2 cores)
     python -m bench radius --seeds 0 --steps 300 --heads paper,polar --losses pce   # quick look
+
+Domains (``--datasets``, default every one of ``qc.DEVELOPMENT_DOMAINS``), one table each, the same
+protocol for each: the bundled CJK glyphs (class = character, parent = radical; query = display
+fonts, gallery = serif/sans), the freedesktop icon themes (class = icon name, parent = its context;
+query themes vs the other themes) and the Iconify sets (class = icon concept, parent = topic; query
+sets vs the other sets). The record (``python -m bench radius``) holds one row per domain, head and
+loss. A glyph cell gives the same numbers whatever other domains run beside it (every cell seeds its
+own generators).
 
 Protocol (nothing is selected on test classes): the frozen MobileNetV2 (offline ImageNet weights,
 64 px) of ``bench/quality.py`` (``--backbone tf_efficientnet_lite0``: the frozen EfficientNet-Lite0 of
 the held-out benchmark, to check that choices made on MobileNetV2 carry over); only the 128-d
-head trains, on pooled features (``BenchConfig``, head-only, batch 128 = 32 characters × 4, AdamW lr
-3e-3, wd 0.01, grad clip 3). 32 of the 160 training characters are carved out as a **validation**
-split (display-font queries vs serif/sans gallery, like the test protocol); the head design is chosen
-on the validation columns; the 160 held-out test characters give the test columns.
+head trains, on pooled features (``BenchConfig``, head-only, batch 128 = 32 classes × 4, AdamW lr
+3e-3, wd 0.01, grad clip 3). 32 of the training classes (glyphs: of the 160 training characters) are
+carved out as a **validation** split (queried as the test split is: display-font / query-group
+queries vs the rest); the head design is chosen on the validation columns; the held-out test classes
+give the test columns.
 
 Per head and loss, mean ± std over seeds:
 
 * d₀ (geodesic distance to the origin) of the test queries: min / median / max, and the fraction
   within 0.1% of the largest d₀ the head can produce (2r: "at the clip radius");
-* AUROC of the Hyp-UML uncertainty (−d₀) for "top-1 neighbour is of another class" (val and test);
+* AUROC of the Hyp-UML uncertainty (−d₀) for "top-1 neighbour is of another class" (val and test),
+  and beside it (test) the same AUROC of the top-1 distance (to the gallery): the gallery-based
+  baseline, the only score a sphere cell has;
 * AUROC clean vs degraded: every test query is also embedded blurred (Gaussian σ = 1.5 px), with
   noise (σ = 0.5 of the normalised intensity) and occluded (a 24 px square set to the mean); the
-  AUROC of −d₀ for "degraded" over the 960 clean + 2,880 degraded queries;
+  AUROC of −d₀ for "degraded" over the clean + degraded queries (glyphs: 960 + 2,880), and (test)
+  of the top-1 distance to the clean gallery;
 * R@1 and MAP@R (query → gallery, exact Poincaré kNN / cosine for the sphere), val and test;
 * parent R@1: the top-1 neighbour shares the query's radical;
 * Spearman between embedding distance and tree distance (0 same character, 1 same radical,
@@ -85,18 +98,19 @@ def degrade(images: torch.Tensor, kind: str, seed: int = 0) -> torch.Tensor:
     raise ValueError(f"unknown degradation {kind!r}")
 
 
-def degraded_features(cfg, split="query", indices=None, kinds=("blur", "noise", "occlude"), use_cache=True):
-    """Pooled backbone features of glyph images ``split`` (optionally only ``indices``) under each
-    degradation: {kind: (N, 1280)}."""
-    from pml_hyperbolic.data import GlyphDataset, build_transforms
+def degraded_features(cfg, split="query", indices=None, kinds=("blur", "noise", "occlude"), use_cache=True,
+                      dataset="glyphs"):
+    """Pooled backbone features of the images of ``dataset`` (a development domain) ``split``
+    (optionally only ``indices``) under each degradation: {kind: (N, 1280)}."""
+    from pml_hyperbolic.data import build_transforms
 
     idx = None if indices is None else np.asarray(indices, np.int64)
     tag = "all" if idx is None else f"{len(idx)}-{int(idx.sum())}-{int((idx * np.arange(len(idx))).sum())}"
-    path = qc._cache_path(cfg, "glyphs", f"degraded|{split}|{tag}|" + ",".join(kinds))
+    path = qc._cache_path(cfg, dataset, f"degraded|{split}|{tag}|" + ",".join(kinds))
     if use_cache and os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=False)
     prefix, tail, _ = qc.split_backbone(cfg.backbone)
-    data = GlyphDataset(split)
+    data = qc.image_dataset(dataset, split)
     clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
     order = range(len(data)) if idx is None else idx
     images = torch.stack([clean(data[int(i)][0]) for i in order])
@@ -151,7 +165,8 @@ def radius_metrics(q, ql, g, gl, c, max_d0, q_parent=None, g_parent=None):
     d = pair_distances(q, g, c)
     top = d.argmin(1)
     wrong = (gl[top] != ql).numpy()
-    out = {"top1_wrong": wrong}
+    d1 = d.min(1).values.numpy()
+    out = {"top1_wrong": wrong, "top1_dist": d1, "auroc_fail_top1": auroc(wrong, d1)}
     if c is not None:
         d0 = pb.dist0(q.double(), float(c)).numpy()
         out.update(d0_min=d0.min(), d0_med=np.median(d0), d0_max=d0.max(),
@@ -312,16 +327,16 @@ class _Mined(torch.nn.Module):
 COPY_FRACTION = 0.25  # the recipes' --degraded-copies default (Hyp-UML)
 
 
-def degraded_view_features(cfg, degrade, cache_tag, views=2, use_cache=True):
-    """Pooled features of every training image, augmented then degraded by ``degrade(images (B, C, H, W),
-    generator)``: (N, views, 1280), cached under ``cache_tag``."""
-    from pml_hyperbolic.data import GlyphDataset, build_transforms
+def degraded_view_features(cfg, degrade, cache_tag, views=2, use_cache=True, dataset="glyphs"):
+    """Pooled features of every training image of ``dataset``, augmented then degraded by
+    ``degrade(images (B, C, H, W), generator)``: (N, views, 1280), cached under ``cache_tag``."""
+    from pml_hyperbolic.data import build_transforms
 
-    path = qc._cache_path(cfg, "glyphs", cache_tag)
+    path = qc._cache_path(cfg, dataset, cache_tag)
     if use_cache and os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     prefix, tail, _ = qc.split_backbone(cfg.backbone)
-    data = GlyphDataset("train")
+    data = qc.image_dataset(dataset, "train")
     augment = build_transforms("glyph", train=True, image_size=cfg.image_size)
     generator = torch.Generator().manual_seed(77)
     torch.manual_seed(77)  # torchvision's random transforms draw from the global RNG
@@ -340,12 +355,13 @@ def degraded_view_features(cfg, degrade, cache_tag, views=2, use_cache=True):
     return out
 
 
-def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, use_cache=True):
+def package_degraded_views(cfg, kinds=("blur", "noise", "occlusion"), views=2, use_cache=True, dataset="glyphs"):
     """Training views degraded by the package's ``RandomDegradation`` (the recipes' ``--degraded-copies``)."""
     from pml_hyperbolic.data.degradations import RandomDegradation
 
     return degraded_view_features(cfg, RandomDegradation(kinds=kinds),
-                                  f"package-degraded-train-views-batched|{views}|" + ",".join(kinds), views, use_cache)
+                                  f"package-degraded-train-views-batched|{views}|" + ",".join(kinds), views, use_cache,
+                                  dataset=dataset)
 
 
 def aligned_views(data, views):
@@ -429,12 +445,13 @@ def run_cell(cfg, data, head_name, loss_name, seed, steps, builder=None, train=N
     bank = data["bank"]
     q, g = embed(head, bank.query.acts), embed(head, bank.gallery.acts)
     test = radius_metrics(q, bank.query.labels, g, bank.gallery.labels, c, max_d0, data["q_parent"], data["g_parent"])
-    res.update({k: v for k, v in test.items() if k not in ("top1_wrong", "d0")})
+    res.update({k: v for k, v in test.items() if k not in ("top1_wrong", "d0", "top1_dist")})
     res["r1"] = 1 - test["top1_wrong"].mean()
     res["map_r"] = qc.retrieval_metrics(q, bank.query.labels, g, bank.gallery.labels, c=c,
                                         keys=("mean_average_precision_at_r",))["mean_average_precision_at_r"]
     if c is not None:
         res["auroc_degraded"] = _degraded_auroc(head, test["d0"], data["degraded"], c)
+    res["auroc_degraded_top1"] = _degraded_top1_auroc(head, test["top1_dist"], data["degraded"], g, c)
     if split_terms(loss_name)[0] == "uml":
         from pml_hyperbolic.uncertainty import hyperbolic_uncertainty, uncertainty_ratio_log
 
@@ -455,21 +472,47 @@ def _degraded_auroc(head, d0_clean, degraded, c):
     return auroc(is_deg, -np.r_[d0_clean, d0_deg])
 
 
-def load_data(cfg, use_cache=True):
-    from pml_hyperbolic.data import GlyphDataset
+def _degraded_top1_auroc(head, d1_clean, degraded, gallery_emb, c):
+    """AUROC of the top-1 distance (to the clean gallery) for 'degraded' over the clean queries and
+    their degraded copies: the gallery-based baseline of :func:`_degraded_auroc` (the sphere's only one)."""
+    d1_deg = np.concatenate([pair_distances(embed(head, f), gallery_emb, c).min(1).values.numpy()
+                             for f in degraded.values()])
+    is_deg = np.r_[np.zeros(len(d1_clean), bool), np.ones(len(d1_deg), bool)]
+    return auroc(is_deg, np.r_[d1_clean, d1_deg])
 
-    bank = qc.pooled_bank(qc.build_bank(cfg, "glyphs", use_cache=use_cache), cfg, use_cache=use_cache)
-    train, val_q, val_g = qc.carve_validation(bank, num_val_classes=32, seed=0)
-    val_q_idx, val_g_idx = validation_indices(bank)
+
+VAL_CLASSES = 32  # training classes carved out as the validation split, in every domain
+
+
+def _parents(split, dataset, name):
+    """The parent label of every item of an evaluation split: the bank's, or (banks cached before
+    they stored them) the image dataset's."""
+    if split.super_labels is not None:
+        return torch.as_tensor(split.super_labels)
+    parents = torch.as_tensor(qc.image_dataset(dataset, name).super_labels)
+    if len(parents) != len(split.labels):
+        raise RuntimeError(f"cached bank does not match the bundled {dataset} splits; rerun with --no-cache")
+    return parents
+
+
+def load_data(cfg, use_cache=True, dataset="glyphs"):
+    """Everything one domain's cells need: the pooled bank, the validation carve (``VAL_CLASSES``
+    training classes, queried as the test split is), the parents of every split and the degraded
+    features of the test and validation queries."""
+    if dataset not in qc.DEVELOPMENT_DOMAINS:
+        raise ValueError(f"dataset must be one of {qc.DEVELOPMENT_DOMAINS}, got {dataset!r}")
+    bank = qc.pooled_bank(qc.build_bank(cfg, dataset, use_cache=use_cache), cfg, use_cache=use_cache)
+    if bank.train.font_families is None or bank.gallery is None:
+        raise RuntimeError(f"the {dataset} bank has no query/gallery styles; rerun with --no-cache")
+    train, val_q, val_g = qc.carve_validation(bank, num_val_classes=VAL_CLASSES, seed=0)
+    val_q_idx, val_g_idx = validation_indices(bank, num_val_classes=VAL_CLASSES)
     parents = bank.train.super_labels
-    q_parent = torch.as_tensor(GlyphDataset("query").super_labels)
-    g_parent = torch.as_tensor(GlyphDataset("gallery").super_labels)
-    if len(q_parent) != len(bank.query.labels) or len(g_parent) != len(bank.gallery.labels):
-        raise RuntimeError("cached bank does not match the bundled glyph splits; rerun with --no-cache")
-    return {"bank": bank, "train": train, "val_q": val_q, "val_g": val_g, "q_parent": q_parent,
+    return {"bank": bank, "train": train, "val_q": val_q, "val_g": val_g,
+            "q_parent": _parents(bank.query, dataset, "query"),
             "val_q_parent": parents[val_q_idx], "val_g_parent": parents[val_g_idx],
-            "g_parent": g_parent, "degraded": degraded_features(cfg, "query", use_cache=use_cache),
-            "val_degraded": degraded_features(cfg, "train", val_q_idx, use_cache=use_cache)}
+            "g_parent": _parents(bank.gallery, dataset, "gallery"),
+            "degraded": degraded_features(cfg, "query", use_cache=use_cache, dataset=dataset),
+            "val_degraded": degraded_features(cfg, "train", val_q_idx, use_cache=use_cache, dataset=dataset)}
 
 
 def fmt(values, pct=False, digits=3):
@@ -487,7 +530,9 @@ COLUMNS = [("val R@1", "val_r1", True), ("val parent R@1", "val_parent_r1", True
            ("val AUROC fail", "val_auroc_fail", False), ("val AUROC degraded", "val_auroc_degraded", False),
            ("R@1", "r1", True),
            ("MAP@R", "map_r", True), ("parent R@1", "parent_r1", True), ("Spearman", "spearman", False),
-           ("sibling AUROC", "sibling_auroc", False), ("AUROC fail", "auroc_fail", False), ("AUROC degraded", "auroc_degraded", False),
+           ("sibling AUROC", "sibling_auroc", False), ("AUROC fail", "auroc_fail", False),
+           ("AUROC fail top-1 dist", "auroc_fail_top1", False), ("AUROC degraded", "auroc_degraded", False),
+           ("AUROC degraded top-1 dist", "auroc_degraded_top1", False),
            ("d₀ min / med / max", None, False), ("at clip", "at_clip", True)]
 
 
@@ -509,7 +554,8 @@ def leave_one_out(cfg, data, seeds, steps, use_cache=True):
         per_kind, r1 = {k: [] for k in kinds}, []
         loss_name = "pce+cal" if train_kinds is None else "pce+cal+copies"
         if train_kinds is not None:
-            data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, train_kinds, use_cache=use_cache))
+            data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, train_kinds, use_cache=use_cache,
+                                                                                dataset=data["bank"].dataset))
         for seed in seeds:
             torch.manual_seed(seed)
             head, loss, geometry, max_d0 = build("polar", loss_name, data["bank"].feature_dim)
@@ -535,6 +581,9 @@ def leave_one_out(cfg, data, seeds, steps, use_cache=True):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default=",".join(qc.DEVELOPMENT_DOMAINS),
+                   help="comma-separated development domains, each with the same protocol and its own table "
+                        f"(default: every one, {','.join(qc.DEVELOPMENT_DOMAINS)})")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=600, help="training steps per cell (head only)")
     p.add_argument("--heads", default=",".join(HEADS))
@@ -572,26 +621,46 @@ def main(argv=None):
         if key not in PARENT_SETTINGS:
             p.error(f"--parent: unknown setting {key!r} (known: {', '.join(PARENT_SETTINGS)})")
         PARENT_SETTINGS[key] = float(value)
+    datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+    unknown = [d for d in datasets if d not in qc.DEVELOPMENT_DOMAINS]
+    if unknown or not datasets:
+        p.error(f"--datasets: unknown domain(s) {unknown} (known: {', '.join(qc.DEVELOPMENT_DOMAINS)})")
     cfg = qc.BenchConfig(steps=a.steps, seeds=tuple(seeds), trainable="head", backbone=a.backbone)
     t0 = time.perf_counter()
-    data = load_data(cfg, use_cache=not a.no_cache)
-    print(f"# {qc.machine_line()}\n# {cfg.describe()}\n# {data['bank'].note}; validation: 32 training characters")
-    if a.leave_one_out:
-        leave_one_out(cfg, data, seeds, a.steps, use_cache=not a.no_cache)
-        print(f"# {time.perf_counter() - t0:.0f} s wall")
-        return
-    heads, losses = a.heads.split(","), a.losses.split(",")
+    print(f"# {qc.machine_line()}\n# {cfg.describe()}")
+    rows = []
+    for dataset in datasets:
+        data = load_data(cfg, use_cache=not a.no_cache, dataset=dataset)
+        print(f"\n## {dataset}\n# {data['bank'].note}; validation: {VAL_CLASSES} training classes", flush=True)
+        if a.leave_one_out:
+            leave_one_out(cfg, data, seeds, a.steps, use_cache=not a.no_cache)
+            continue
+        rows += domain_table(cfg, data, a.heads.split(","), a.losses.split(","), seeds, a.steps,
+                             use_cache=not a.no_cache)
+    print(f"# {time.perf_counter() - t0:.0f} s wall")
+    return rows or None
+
+
+ROW_KEYS = ("val_r1", "val_auroc_fail", "r1", "map_r", "parent_r1", "spearman", "sibling_auroc", "auroc_fail",
+            "auroc_fail_top1", "auroc_degraded", "auroc_degraded_top1", "d0_med", "at_clip")
+
+
+def domain_table(cfg, data, heads, losses, seeds, steps, use_cache=True):
+    """Train and measure every (head, loss) cell on one domain, print its table; the record's rows
+    (one per cell: the means over seeds of ``ROW_KEYS``)."""
+    dataset = data["bank"].dataset
     if any("copies" in split_terms(name)[1] for name in losses):
-        data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, use_cache=not a.no_cache))
+        data["train_degraded"] = aligned_views(data, package_degraded_views(cfg, use_cache=use_cache, dataset=dataset))
     header = "| head | loss | " + " | ".join(name for name, _, _ in COLUMNS) + " | adaptive τ (test) |"
     print(header + "\n|" + "---|" * (header.count("|") - 1))
+    rows = []
     for head_name in heads:
         for loss_name in losses:
             try:
                 build(head_name, loss_name, 8)
             except (ValueError, ImportError):
                 continue  # no such combination (e.g. SupCon on the ball, HIER not installed)
-            runs = [run_cell(cfg, data, head_name, loss_name, s, a.steps) for s in seeds]
+            runs = [run_cell(cfg, data, head_name, loss_name, s, steps) for s in seeds]
             cells = []
             for _, key, pct in COLUMNS:
                 if key is None:
@@ -601,7 +670,13 @@ def main(argv=None):
                     cells.append(fmt([r.get(key) for r in runs], pct=pct))
             tau = ", ".join(r["tau_spread"] for r in runs) if "tau_spread" in runs[0] else "—"
             print(f"| {head_name} | {loss_name} | " + " | ".join(cells) + f" | {tau} |", flush=True)
-    print(f"# {time.perf_counter() - t0:.0f} s wall")
+            row = {"dataset": dataset, "head": head_name, "loss": loss_name, "seeds": len(runs)}
+            for key in ROW_KEYS:
+                values = np.asarray([r[key] for r in runs if key in r], float)
+                if len(values) and not np.all(np.isnan(values)):
+                    row[key] = round(float(np.nanmean(values)), 4)
+            rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
 Protocol (the held-out benchmark's public defaults, at a CPU budget): frozen ImageNet
 EfficientNet-Lite0 features (``--backbone tf_efficientnet_lite0``, 64 px, pooled 1280-d; only the
 128-d head trains), batch 256 = 64 classes × 4, AdamW lr 1e-3 (wd 0.01, grad clip 3), 600 steps.
-``--datasets`` takes any name of ``bench/_quality_common.py``'s ``BANK_DATASETS``. Models:
+``--datasets`` takes any name of ``bench/_quality_common.py``'s ``BANK_DATASETS`` (default: the three
+development domains, glyphs, icons and Iconify sets). Models:
 
 * ``ball_ms``: MultiSimilarity + miner on ``PoincareSimilarity`` (c = 0.1, clip 2.3, T = 2·clip_r),
   the polar head (``HyperbolicEmbeddingHead(radius="learned")``), as ``bench/quality.py``'s ``hms`` row;
@@ -38,7 +39,9 @@ under the risk–coverage curve, lower is better) and E-AURC (AURC minus the AUR
 ordering at the same error rate), and the AUROC of "degraded" over each clean test query and its
 blurred (Gaussian σ 1.5 px), noised (σ 0.5 of the normalised intensity) and occluded (24 px square)
 copy, scored against the same clean gallery; degraded queries go through the frozen backbone once
-per domain (cached like the bank).
+per domain (cached like the bank). Every development domain has them: the Iconify sets' greyscale
+drawings go through the same ``"glyph"`` transforms as the bank (three channels out), so blur, noise
+and occlusion act on them as on the glyphs.
 
 Choice on validation, check on test: every model is also trained on the training classes minus a
 validation carve (``qc.carve_validation``: 32 training classes, queried as the test split is;
@@ -48,7 +51,7 @@ chosen on test classes. Targets (printed as met / NOT met per domain and split):
 a ball model reaches the best sphere model's ``top1_dist`` failure AUROC; (b)
 ``retrieval_uncertainty`` beats every single score (of every model) by ≥ 0.02 failure AUROC.
 Cost on 2 shared cores, banks cached: about 1–2 min per 600-step ball model, under 1 min per sphere
-model; the full run (2 domains, 4 models, 3 test seeds + 1 validation seed) about 40 min; ``--quick``
+model; the full run of two domains (4 models, 3 test seeds + 1 validation seed) about 40 min; ``--quick``
 about 150 s of CPU (284 s wall at load 6–10 on 2 shared cores). The first build of a domain's bank
 and degraded copies adds a few minutes.
 """
@@ -121,12 +124,8 @@ def _image_split(dataset: str, split: str, fashion_root=None):
     """(PIL dataset, clean transform) of one split of a bank dataset, or None when unknown here."""
     from pml_hyperbolic.data import build_transforms
 
-    if dataset == "glyphs":
-        from pml_hyperbolic.data import GlyphDataset
-        return GlyphDataset(split), build_transforms("glyph", train=False, image_size=64)
-    if dataset == "icons":
-        from pml_hyperbolic.data import IconDataset
-        return IconDataset(split), build_transforms("glyph", train=False, image_size=64)
+    if dataset in qc.DEVELOPMENT_DOMAINS:  # glyphs, icons, Iconify sets (greyscale "L" images: 3 channels out)
+        return qc.image_dataset(dataset, split), build_transforms("glyph", train=False, image_size=64)
     if dataset == "fashion-mnist":
         root = qc.find_fashion_mnist(fashion_root)
         if root is None:
@@ -537,8 +536,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="1 seed, 100 steps, test split only (no validation training; banks cached: about 150 s of CPU)")
-    p.add_argument("--datasets", default="glyphs,icons",
-                   help=f"comma-separated, any of {qc.BANK_DATASETS} (default glyphs,icons)")
+    p.add_argument("--datasets", default=",".join(qc.DEVELOPMENT_DOMAINS),
+                   help=f"comma-separated, any of {qc.BANK_DATASETS} (default {','.join(qc.DEVELOPMENT_DOMAINS)})")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; --quick 0)")
     p.add_argument("--val-seeds", default="0",
