@@ -27,8 +27,8 @@ and not) for every input dtype through Triton's full pipeline to a cubin for ``-
 H100/H200) and runs the bundled ``ptxas -v`` on the PTX for registers and spills. It catches what the
 interpreter cannot (typing and lowering errors) but runs nothing.
 
-``route_pairwise_to_triton()`` makes ``poincare_ball.pairwise_dist`` take the Triton kernels for CUDA
-tensors (the intended dispatch); ``python -m bench gpu_step --pairwise triton`` uses it for the
+``poincare_ball.pairwise_dist`` itself sends CUDA tensors to these kernels (``PML_HYPERBOLIC_TRITON=0``:
+the torch path); ``python -m bench gpu_step --pairwise triton|torch`` sets that switch for the
 training-step targets.
 """
 from __future__ import annotations
@@ -41,23 +41,6 @@ import sys
 
 C_VALUES = (0.1, 1.0)
 DIM = 128
-
-
-def route_pairwise_to_triton():
-    """Send ``poincare_ball.pairwise_dist`` on CUDA tensors to the Triton kernels (every component
-    calls it through the module); returns a function that restores the original."""
-    from pml_hyperbolic import poincare_ball as pb
-    from pml_hyperbolic.kernels import triton_pairwise as tp
-
-    original = pb.pairwise_dist
-
-    def pairwise_dist(x, y, c):
-        if x.device.type == "cuda" and tp.triton_available(x.device):
-            return tp.pairwise_poincare_dist_triton(x, y, c)
-        return original(x, y, c)
-
-    pb.pairwise_dist = pairwise_dist
-    return lambda: setattr(pb, "pairwise_dist", original)
 
 
 def reference(x, y, c):
