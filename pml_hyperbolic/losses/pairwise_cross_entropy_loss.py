@@ -98,14 +98,18 @@ class PairwiseCrossEntropyLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     def _mean_pair_loss(self, logits, pos, keep):
         """The default ``MeanReducer``'s value of :meth:`_pair_losses` (0 without positive pairs),
         already reduced."""
-        log_denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1, keepdim=True)
-        per_pair = torch.where(pos, log_denominator - logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+        zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+        per_pair = torch.where(pos, self._log_denominator(logits, keep) - logits, zero)
         loss = per_pair.sum() / pos.sum().clamp_min(1).to(per_pair.dtype)
         return {"loss": {"losses": loss, "indices": None, "reduction_type": "already_reduced"}}
 
-    def _pair_losses(self, logits, pos, keep):
+    @staticmethod
+    def _log_denominator(logits, keep):
         # masked log-sum-exp over the anchor's candidates (rows with a positive always keep ≥ 1)
-        log_denominator = torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1, keepdim=True)
+        return torch.logsumexp(logits.masked_fill(~keep, float("-inf")), dim=1, keepdim=True)
+
+    def _pair_losses(self, logits, pos, keep):
+        log_denominator = self._log_denominator(logits, keep)
         a, p = torch.where(pos)
         losses = log_denominator[a, 0] - logits[a, p]
         return {"loss": {"losses": losses, "indices": (a, p), "reduction_type": "pos_pair"}}
