@@ -109,19 +109,25 @@ def degraded_features(cfg, split="query", indices=None, kinds=("blur", "noise", 
     path = qc._cache_path(cfg, dataset, f"degraded|{split}|{tag}|" + ",".join(kinds))
     if use_cache and os.path.isfile(path):
         return torch.load(path, map_location="cpu", weights_only=False)
-    prefix, tail, _ = qc.split_backbone(cfg.backbone)
     data = qc.image_dataset(dataset, split)
     clean = build_transforms("glyph", train=False, image_size=cfg.image_size)
     order = range(len(data)) if idx is None else idx
     images = torch.stack([clean(data[int(i)][0]) for i in order])
+    return backbone_features_degraded(cfg, images, kinds, path if use_cache else None)
+
+
+def backbone_features_degraded(cfg, images, kinds, cache_path=None):
+    """{kind: pooled frozen-backbone features of ``images`` degraded by ``kind``} (the j-th kind drawn
+    with seed j), saved to ``cache_path`` when given."""
+    prefix, tail, _ = qc.split_backbone(cfg.backbone)
     out = {}
     with torch.no_grad():
         for j, kind in enumerate(kinds):
             x = degrade(images, kind, seed=j)
             out[kind] = torch.cat([tail(prefix(x[s:s + 256])) for s in range(0, len(x), 256)])
-    if use_cache:
+    if cache_path is not None:
         os.makedirs(cfg.cache_dir, exist_ok=True)
-        torch.save(out, path)
+        torch.save(out, cache_path)
     return out
 
 

@@ -137,7 +137,7 @@ def _image_split(dataset: str, split: str, fashion_root=None):
 def degraded_query_features(cfg, dataset: str, max_classes=None, use_cache=True, log=print):
     """Pooled frozen features of every test query under each degradation: {kind: (N, F)}, cached
     on disk (None when this bench cannot read the domain's images)."""
-    from bench.radius import degrade
+    from bench.radius import backbone_features_degraded
 
     tag = f"degraded|query|all|{','.join(DEGRADATIONS)}" + ("" if max_classes is None else f"|first{max_classes}")
     path = qc._cache_path(cfg, dataset, tag)
@@ -153,17 +153,8 @@ def degraded_query_features(cfg, dataset: str, max_classes=None, use_cache=True,
     if max_classes is not None:
         data = qc._ClassSubset(data, max_classes)
     log(f"[degraded] {dataset}: {len(data)} queries x {len(DEGRADATIONS)} degradations through the frozen backbone")
-    prefix, tail, _ = qc.split_backbone(cfg.backbone)
     images = torch.stack([clean(data[i][0]) for i in range(len(data))])
-    out = {}
-    with torch.no_grad():
-        for j, kind in enumerate(DEGRADATIONS):
-            x = degrade(images, kind, seed=j)
-            out[kind] = torch.cat([tail(prefix(x[s:s + 256])) for s in range(0, len(x), 256)])
-    if use_cache:
-        os.makedirs(cfg.cache_dir, exist_ok=True)
-        torch.save(out, path)
-    return out
+    return backbone_features_degraded(cfg, images, DEGRADATIONS, path if use_cache else None)
 
 
 # ----------------------------------------------------------------------------------------- scores
