@@ -283,6 +283,9 @@ def main(argv=None):
     p.add_argument("--pq", type=int, default=0, help="--scale: also IVF<nlist>,PQ<pq> (0: no)")
     p.add_argument("--coarse", default="directions",
                    help="--scale: IVF coarse training(s) of HyperbolicIndex, comma-separated: directions, lift")
+    p.add_argument("--keep-coordinates", default="true",
+                   help="--scale: HyperbolicIndex keep_coordinates value(s), comma-separated: true (exact "
+                        "re-rank from the kept coordinates), false (re-rank from faiss's stored vectors)")
     p.add_argument("--train-sample", type=int, default=200000, help="--scale: IVF training points")
     args = p.parse_args(argv)
     import faiss

@@ -64,7 +64,9 @@ Approximate indexes (any faiss ``index_factory`` string other than ``"Flat"``, e
 (``kind="hnsw"``), ``"IVF4096,Flat"``, ``"IVF256,PQ16"``; no certification, recall < 1 is
 possible): faiss returns k' candidates of the lifted vectors (:mod:`pml_hyperbolic.search.approximate`),
 whose distances are then recomputed exactly (the formula above, float64) and sorted by
-``(distance, index)``: every returned distance is the true distance of the returned point.
+``(distance, index)``: every returned distance is the true distance of the returned point. With
+``keep_coordinates=False`` they come from the lifted vectors faiss stores instead, within a stated
+bound (:mod:`pml_hyperbolic.search.reconstructed`), and the index holds no copy of the coordinates.
 Training, persistence (:mod:`pml_hyperbolic.search.persistence`) and GPUs: the class docstring.
 
 Memory: queries are processed in batches of ``batch_size``; per batch O(batch_size · k') numbers,
@@ -81,8 +83,8 @@ from torch import Tensor
 
 from .. import poincare_ball as pb
 from ..geometry import DEFAULT_CURVATURE
-from ..kernels.threads import uncontended_threads
 from ..search import approximate as _approx
+from ..search import reconstructed as _reconstructed
 from ..search.building import FactoryMixin
 from ..search.faiss_batches import FaissBatchMixin
 from ..search.certified import (CertifiedSearchMixin, _all_cluster_members,  # noqa: F401
@@ -182,6 +184,14 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             lists it visits (:mod:`pml_hyperbolic.search.approximate`). Factories with a transform
             before the IVF (``"OPQ16,IVF..."``, ``"PCA64,IVF..."``) or another quantizer (``IMI``)
             are trained by faiss either way.
+        keep_coordinates: ``True`` (default) = the index keeps the reference coordinates and every
+            returned distance is exact; ``False`` = an approximate factory that stores its vectors
+            unchanged (``IVF…,Flat``, ``HNSW…``) re-ranks from faiss's own float32 lift, so the
+            index holds no second copy of the gallery (about half the memory); distances are then
+            within :math:`2^{-20}\|y\|/\sqrt{b_y b_q} + \text{rtol}\cdot d` of exact
+            (:mod:`pml_hyperbolic.search.reconstructed`). Not for ``"Flat"`` (its certificate
+            needs the coordinates) nor for compressed codes (PQ, SQ), whose stored vectors are not
+            the lift.
 
     Raises:
         ValueError: any bad argument, naming it (checked here, before faiss sees a value).
@@ -211,6 +221,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         factory: Optional[str] = None,
         nprobe: Optional[int] = None,
         coarse: str = "directions",
+        keep_coordinates: bool = True,
     ):
         # a geometry or tensor is read again at each add/search (its curvature may be trained)
         self._c_source = None if isinstance(c, (int, float)) else c
@@ -271,6 +282,13 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         if not (isinstance(coarse, str) and coarse in ("directions", "lift")):
             raise ValueError(f"coarse must be 'directions' or 'lift', got {coarse!r}")
         self.coarse = coarse
+        if not isinstance(keep_coordinates, bool):
+            raise ValueError(f"keep_coordinates must be True or False, got {keep_coordinates!r}")
+        if not keep_coordinates and (self._exact or not _reconstructed.stores_vectors_unchanged(factory)):
+            raise ValueError(f"keep_coordinates=False re-ranks from the vectors faiss stores, so it needs "
+                             f"an approximate factory that keeps them unchanged ('IVF4096,Flat', "
+                             f"'HNSW32'), not factory={factory!r}")
+        self.keep_coordinates = keep_coordinates
         self.kind = "flat" if self._exact else ("hnsw" if kind == "hnsw" else "factory")
         self.error_model = error_model
         self.rtol = float(rtol)
@@ -298,13 +316,15 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         self._added_src = None
         self._index = None
         self._dim = None
+        self._count = 0  # references added
+        self._stored = None  # zero-copy view of faiss's rows (keep_coordinates=False), False: none
         self._mips_m = None  # M of the L2 reduction (approximate factories)
         self._pad = 0  # zero columns after the extra coordinate (approximate factories)
         self._on_gpu = False
 
     @property
     def ntotal(self) -> int:
-        return 0 if self._ball is None else int(self._ball.shape[0])
+        return self._count
 
     def _prepare(self, x, name: str):
         """(float64 points, dtype of the distances they ask for, the float32 points or None):
@@ -330,24 +350,6 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             raise ValueError(f"c: the geometry's curvature is now {now:g} but this index was built with "
                              f"c={self.c:g}; build a new index (or pass c as a float to freeze it)")
 
-    def _with_threads(self, fn, *args):
-        # torch and faiss share the OpenMP runtime: the post-processing runs with post_threads,
-        # faiss with the caller's count (restored around each faiss call, and at the end)
-        faiss_threads = faiss.omp_get_max_threads()
-        torch_threads = torch.get_num_threads()
-        # faiss's search is one big call per batch, but on a machine whose cores are taken its
-        # barriers still wait for descheduled threads: there it gets 1 thread
-        self._faiss_threads = uncontended_threads(faiss_threads) if faiss_threads > 1 else 1
-        try:
-            if self.post_threads == "auto":
-                torch.set_num_threads(uncontended_threads(torch_threads) if torch_threads > 1 else 1)
-            elif self.post_threads is not None:
-                torch.set_num_threads(self.post_threads)
-            return fn(*args)
-        finally:
-            torch.set_num_threads(torch_threads)
-            faiss.omp_set_num_threads(faiss_threads)
-
     def add(self, reference) -> "HyperbolicIndex":
         """Add reference points (N × D ball coordinates), in batches.
 
@@ -366,7 +368,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
     def _add(self, reference) -> "HyperbolicIndex":
         ref, dtype, ref32 = self._prepare(reference, "reference")
         # remember the (only) added tensor so that search(query=the same tensor) skips _prepare
-        self._added_src = reference if self._ball is None else None
+        self._added_src = reference if self._count == 0 and self.keep_coordinates else None
         self._added_version = getattr(reference, "_version", None)  # detects in-place edits
         if ref.shape[0] == 0:
             raise ValueError("reference is empty: cannot add 0 points")
@@ -387,7 +389,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
                 norms.append(nrm)
                 continue
             Y32, y0, tail = _lift32(ref[chunk], cx2[chunk], den[chunk], self.c)
-            if self._ball is None and ref.shape[0] <= _KEPT_LIFT_ROWS:
+            if self._count == 0 and ref.shape[0] <= _KEPT_LIFT_ROWS:
                 # self-retrieval usually follows: its queries' Q_{1:} = X_{1:} / X_0 starts from this
                 self._pending_self_lift = (y0, tail)
             del tail
@@ -395,21 +397,26 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             norms.append(_max_lifted_norm(Y32, y0, cx2[chunk], den[chunk], self.c))
             self._index.add(np.ascontiguousarray(Y32.numpy()))
         norms = torch.cat(norms)
+        self._count += ref.shape[0]
+        self._stored = None  # faiss may have moved its buffers
+        self._dtype = dtype if self._dtype is None else torch.promote_types(self._dtype, dtype)
+        self._query_cache = None
         if not self._exact:
             norms = norms.max().reshape(1)  # only the maximum is kept
+        self._norms = norms if self._norms is None else torch.cat([self._norms, norms])
+        if not self.keep_coordinates:  # distances come from faiss's stored lift (search/reconstructed.py)
+            return self
+        if not self._exact:
             # the coordinates for the exact distances: the float32 input itself where it is exact
             if ref32 is not None and (self._ball is None or self._ball.dtype == torch.float32):
                 ref = ref32.contiguous()
             elif self._ball is not None:
                 self._ball = self._ball.double()
         self._ball = ref if self._ball is None else torch.cat([self._ball, ref])
-        self._dtype = dtype if self._dtype is None else torch.promote_types(self._dtype, dtype)
         self._cx2 = cx2 if self._cx2 is None else torch.cat([self._cx2, cx2])
         self._bball = den if self._bball is None else torch.cat([self._bball, den])
-        self._query_cache = None
         # float32 copy: the input itself when one float32 tensor was added, else made on first use
         self._ball32 = ref32 if (ref32 is not None and self._ball is ref) else None
-        self._norms = norms if self._norms is None else torch.cat([self._norms, norms])
         return self
 
     # ------------------------------------------------------------------ search
@@ -429,7 +436,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         return self._with_threads(self._search, query, k, query_ids)
 
     def _search(self, query, k: int, query_ids: Optional[Tensor] = None):
-        if self._ball is None:
+        if self._count == 0:
             raise ValueError("the index is empty: call add(reference) before search (an untrained "
                              "factory is trained by the first add, or by train(x))")
         self._check_curvature()
@@ -465,7 +472,9 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         # float32 copy of the queries when they are float32 numbers (the float32 difference
         # shortcut is exact-input only); checked once here rather than per batch
         q32 = None
-        if self._get_ball32() is not None:
+        if not self.keep_coordinates:
+            q32 = q32_input
+        elif self._get_ball32() is not None:
             if q is self._ball:
                 q32 = self._get_ball32()
             elif q32_input is not None:

@@ -137,7 +137,8 @@ class FactoryMixin:
 
         Raises:
             RuntimeError: faiss has no GPU (faiss-cpu, or no device visible).
-            ValueError: an empty index, or a factory faiss cannot run on a GPU (HNSW).
+            ValueError: an empty index, a factory faiss cannot run on a GPU (HNSW), or
+                ``keep_coordinates=False``.
         """
         if not (hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0):
             raise RuntimeError("to_gpu(): this faiss build sees no GPU (faiss-cpu, or no device); "
@@ -147,6 +148,10 @@ class FactoryMixin:
         if "HNSW" in self.factory.upper():
             raise ValueError(f"to_gpu(): faiss has no GPU version of factory={self.factory!r}; "
                              "use 'Flat' or an IVF factory on the GPU")
+        if not self.keep_coordinates:
+            raise ValueError("to_gpu(): an index with keep_coordinates=False re-ranks from the vectors "
+                             "faiss stores, which a GPU index does not hand back with its results; "
+                             "build it with keep_coordinates=True to search on the GPU")
         if not self._on_gpu:
             options = faiss.GpuMultipleClonerOptions()
             options.shard = bool(shard)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import reconstructed as _reconstructed
 from .lift import _conformal_terms, _dist_from_diff
 
 _U32 = 2.0 ** -24
@@ -172,6 +173,19 @@ class CertifiedSearchMixin:
             rows = close.any(dim=1).nonzero(as_tuple=True)[0]
             if rows.numel():
                 d[rows] = self._grid_dist(q[rows], None, safe[rows]).masked_fill_(~valid[rows], math.inf)
+        perm = _sort_by_dist_index(d, torch.where(valid, idx, idx.shape[1] + self.ntotal))[:, :k]
+        return d.gather(1, perm).to(out_dtype), idx.gather(1, perm)
+
+    def _rerank_stored(self, q, s32, idx, stored, k, ids, out_dtype, q32=None):
+        """``keep_coordinates=False``: distances of every candidate from the row faiss stores for
+        it (:func:`.reconstructed.distances`; float32 differences with the exact float32 queries
+        ``q32`` when ``_kappa() + u < rtol``), sorted by (distance, index); -1 pads as in
+        :meth:`_rerank`."""
+        if ids is not None:
+            s32, idx, stored = _drop_self(s32, idx, ids, stored)
+        valid = idx >= 0
+        fast = q32 if q32 is not None and self._kappa() + _U32 < self.rtol else None
+        d = _reconstructed.distances(q, self._query_terms(q)[1], stored, valid, self.c, fast)
         perm = _sort_by_dist_index(d, torch.where(valid, idx, idx.shape[1] + self.ntotal))[:, :k]
         return d.gather(1, perm).to(out_dtype), idx.gather(1, perm)
 
@@ -356,18 +370,21 @@ def _boundary_cluster_members(s32: Tensor, two_e: Tensor, ranks, region_end: Ten
     return key // w, key % w
 
 
-def _drop_self(s: Tensor, idx: Tensor, ids: Tensor):
+def _drop_self(s: Tensor, idx: Tensor, ids: Tensor, stored: Optional[np.ndarray] = None):
     """Remove each row's own index (present at most once); rows without it lose their last
-    column instead, so that every row keeps kk - 1 candidates in score order."""
+    column instead, so that every row keeps kk - 1 candidates in score order. ``stored`` (B, kk,
+    W), when given, loses the same columns and is returned third."""
     B, kk = idx.shape
     if kk > 1 and torch.equal(idx[:, 0], ids):  # self-retrieval: each point is its own nearest
-        return s[:, 1:], idx[:, 1:]
+        return (s[:, 1:], idx[:, 1:]) + (() if stored is None else (stored[:, 1:],))
     is_self = idx == ids[:, None]
     # position of the self entry, kk - 1 where absent; keep columns j < pos and j + 1 >= pos
     pos = torch.where(is_self.any(dim=1), is_self.to(torch.uint8).argmax(dim=1), kk - 1)
     cols = torch.arange(kk - 1).expand(B, kk - 1)
     cols = cols + (cols >= pos[:, None]).to(cols.dtype)
-    return s.gather(1, cols), idx.gather(1, cols)
+    if stored is None:
+        return s.gather(1, cols), idx.gather(1, cols)
+    return s.gather(1, cols), idx.gather(1, cols), np.take_along_axis(stored, cols.numpy()[:, :, None], axis=1)
 
 
 def _sort_by_dist_index(d: Tensor, idx: Tensor) -> Tensor:

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..kernels.threads import uncontended_threads
 from . import approximate as _approx
+from . import reconstructed as _reconstructed
 from .lift import _lift_parts
 
 try:  # faiss-cpu or faiss-gpu
@@ -30,6 +32,24 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
 
 class FaissBatchMixin:
     """Building the faiss index and running one batch of queries through it, exact rows certified."""
+
+    def _with_threads(self, fn, *args):
+        # torch and faiss share the OpenMP runtime: the post-processing runs with post_threads,
+        # faiss with the caller's count (restored around each faiss call, and at the end)
+        faiss_threads = faiss.omp_get_max_threads()
+        torch_threads = torch.get_num_threads()
+        # faiss's search is one big call per batch, but on a machine whose cores are taken its
+        # barriers still wait for descheduled threads: there it gets 1 thread
+        self._faiss_threads = uncontended_threads(faiss_threads) if faiss_threads > 1 else 1
+        try:
+            if self.post_threads == "auto":
+                torch.set_num_threads(uncontended_threads(torch_threads) if torch_threads > 1 else 1)
+            elif self.post_threads is not None:
+                torch.set_num_threads(self.post_threads)
+            return fn(*args)
+        finally:
+            torch.set_num_threads(torch_threads)
+            faiss.omp_set_num_threads(faiss_threads)
 
     def _new_faiss_index(self, dim: int):
         if not self._exact:
@@ -44,6 +64,14 @@ class FaissBatchMixin:
             self._on_gpu = True
         return index
 
+    def _stored_rows(self):
+        """The zero-copy view of faiss's stored rows (``keep_coordinates=False``), built at the first
+        search after a change; None if faiss's layout is not readable that way."""
+        if self._stored is None:
+            view = _reconstructed.StoredRows.build(self._index, self.ntotal)
+            self._stored = False if view is None else view
+        return self._stored or None
+
     def _margin(self, k: int) -> int:
         # a few candidates past k are enough for the gap test of the certification to succeed
         return self.margin if self.margin is not None else max(4, k // 32)
@@ -53,9 +81,11 @@ class FaissBatchMixin:
         # stays at 16 MB: the allocator then reuses its memory from batch to batch, while larger
         # blocks (glibc maps anything over 32 MB afresh) are new pages every time
         rows = max(1, (1 << 21) // (k + 1 + self._margin(k)))
+        if not self.keep_coordinates:  # each candidate brings its stored row
+            rows = min(rows, _reconstructed.rows_per_batch(k + 1 + self._margin(k), self._dim))
         return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
 
-    def _faiss_search(self, Q32: Tensor, kk: int):
+    def _faiss_search(self, Q32: Tensor, kk: int, reconstruct: bool = False):
         # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
         post = torch.get_num_threads()
         faiss.omp_set_num_threads(getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
@@ -67,9 +97,14 @@ class FaissBatchMixin:
             _approx.set_search(self._index, self.nprobe, max(self.ef_search, kk))
             # each query scaled onto the database's sphere |Y'| = M (same order for that query)
             scale = self._mips_m / np.linalg.norm(Q32.astype(np.float64), axis=1, keepdims=True)
-            l2, i = self._index.search(_approx.augment_query((Q32 * scale).astype(np.float32), self._pad), kk)
+            Qa = _approx.augment_query((Q32 * scale).astype(np.float32), self._pad)
+            if reconstruct:  # the candidates' stored rows come back with them
+                l2, i, stored = self._index.search_and_reconstruct(Qa, kk)
+            else:
+                l2, i = self._index.search(Qa, kk)
             s = (2.0 * self._mips_m ** 2 - l2) / (2.0 * scale)  # back to the inner product
-            return torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
+            out = torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
+            return (*out, stored) if reconstruct else out
         finally:
             torch.set_num_threads(post)
 
@@ -88,10 +123,18 @@ class FaissBatchMixin:
         Q32 = torch.empty(q.shape[0], q.shape[1] + 1, dtype=torch.float32)
         Q32[:, 0] = -1.0
         Q32[:, 1:] = tail.div_(X0[:, None])
-        qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
+        if not self.keep_coordinates:
+            view = self._stored_rows()
+            if view is None:  # a layout StoredRows does not read: faiss copies the rows itself
+                s, idx, stored = self._faiss_search(Q32, kk, reconstruct=True)
+            else:
+                s, idx = self._faiss_search(Q32, kk)
+                stored = view.gather(idx.numpy())
+            return self._rerank_stored(q, s, idx, stored, k, ids, out_dtype, q32)
         s, idx = self._faiss_search(Q32, kk)
         if not self._exact:
             return self._rerank(q, s, idx, k, ids, out_dtype, q32)
+        qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         # one faiss call and O(B·k') vectorised work; rows it cannot certify (rare) are searched
         # again with more candidates
         out_d, out_i, ok = self._refine(q, X0, qnorm, s, idx, k, ids, kk >= n, q32, out_dtype)

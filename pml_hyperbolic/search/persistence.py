@@ -3,7 +3,7 @@
 Layout: 8 magic bytes ``PMLHYPIX``, the header length (little-endian uint64), a UTF-8 JSON header
 (format version, curvature and floats as exact hex strings, constructor options, shapes, byte counts,
 CRC-32 of the payload), the reference ball coordinates (raw little-endian float32 or float64, row
-major), then ``faiss.serialize_index`` of the CPU faiss index. Nothing is unpickled: loading parses
+major; none with ``keep_coordinates=False``), then ``faiss.serialize_index`` of the CPU faiss index. Nothing is unpickled: loading parses
 JSON, copies arrays and lets faiss read its own format.
 
 Design note: docs/design/knn-index.md
@@ -30,7 +30,8 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
 MAGIC = b"PMLHYPIX"
 FORMAT_VERSION = 1
 _OPTIONS = ("rtol", "batch_size", "margin", "use_gpu", "error_model", "hnsw_m", "ef_search", "project",
-            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe", "coarse")
+            "post_threads", "exact_ranks", "ef_construction", "factory", "nprobe", "coarse",
+            "keep_coordinates")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -41,22 +42,25 @@ def _options(index) -> dict:
 
 
 def save(index, path) -> None:
-    if index._ball is None:
+    if index.ntotal == 0:
         raise ValueError("save(): the index is empty; add points first")
     fx = index._index
     if index._on_gpu:
         fx = faiss.index_gpu_to_cpu(fx)
     faiss_bytes = faiss.serialize_index(fx).tobytes()
-    ball = np.ascontiguousarray(index._ball.cpu().numpy()).astype(index._ball.numpy().dtype.newbyteorder("<"),
-                                                                   copy=False)
+    if index.keep_coordinates:
+        ball = np.ascontiguousarray(index._ball.cpu().numpy())
+        ball = ball.astype(ball.dtype.newbyteorder("<"), copy=False)
+    else:  # the distances come from faiss's own vectors
+        ball = np.empty((0, index._dim), dtype="<f4")
     ball_bytes = ball.tobytes()
     header = {
         "format": "pml-hyperbolic HyperbolicIndex",
         "version": FORMAT_VERSION,
         "c": float(index.c).hex(),
         "options": _options(index),
-        "ntotal": int(ball.shape[0]),
-        "dim": int(ball.shape[1]),
+        "ntotal": int(index.ntotal),
+        "dim": int(index._dim),
         "ball_dtype": str(ball.dtype.name),
         "distance_dtype": str(index._dtype).replace("torch.", ""),
         "norm_max": float(index._norms.max()).hex(),
@@ -107,8 +111,9 @@ def _read(path):
         dtype = np.dtype(header["ball_dtype"]).newbyteorder("<")
         if dtype.name not in _DTYPES:
             raise ValueError
-        ball = np.frombuffer(ball_bytes, dtype=dtype).reshape(int(header["ntotal"]), int(header["dim"]))
-    except (ValueError, TypeError, KeyError):
+        rows = int(header["ntotal"]) if header["options"].get("keep_coordinates", True) else 0
+        ball = np.frombuffer(ball_bytes, dtype=dtype).reshape(rows, int(header["dim"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
         raise ValueError(f"{bad} (coordinates do not match the header)") from None
     return header, ball, faiss_bytes
 
@@ -129,19 +134,21 @@ def load(cls, path, c=None):
     if options.get("exact_ranks") is not None:
         options["exact_ranks"] = tuple(options["exact_ranks"])
     index = cls(c=stored_c, **options)
-    ball_t = torch.from_numpy(ball.astype(ball.dtype.newbyteorder("="), copy=True))
-    index._dim = ball_t.shape[1]
-    index._ball = ball_t
-    index._cx2, index._bball = _conformal_terms(ball_t.to(torch.float64), stored_c)
+    index._dim = int(header["dim"])
+    index._count = int(header["ntotal"])
+    if index.keep_coordinates:
+        ball_t = torch.from_numpy(ball.astype(ball.dtype.newbyteorder("="), copy=True))
+        index._ball = ball_t
+        index._ball32 = ball_t if ball_t.dtype == torch.float32 else None
+        index._cx2, index._bball = _conformal_terms(ball_t.to(torch.float64), stored_c)
     index._dtype = _DTYPES[header["distance_dtype"]]
     index._norms = torch.tensor([float.fromhex(header["norm_max"])], dtype=torch.float64)
     index._mips_m = None if header["mips_m"] is None else float.fromhex(header["mips_m"])
     index._pad = int(header["pad"])
-    index._ball32 = ball_t if ball_t.dtype == torch.float32 else None
     fx = faiss.deserialize_index(np.frombuffer(faiss_bytes, dtype=np.uint8).copy())
-    if fx.ntotal != ball_t.shape[0]:
+    if fx.ntotal != index._count:
         raise ValueError(f"HyperbolicIndex.load: {os.fspath(path)!r} is corrupt (faiss holds {fx.ntotal} "
-                         f"vectors, the coordinates {ball_t.shape[0]})")
+                         f"vectors, the header {index._count})")
     if index._exact and index.use_gpu is not False and hasattr(faiss, "get_num_gpus") \
             and faiss.get_num_gpus() > 0:
         fx = faiss.index_cpu_to_all_gpus(fx)

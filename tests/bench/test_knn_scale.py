@@ -17,3 +17,16 @@ def test_scale_rows_at_a_toy_size():
     assert all(r["coarse"] == "directions" and r["imbalance"] >= 1.0 and r["cos_imbalance"] >= 1.0 for r in rows[2:])
     assert rows[-1]["recall10"] == 1.0  # every list probed: the exact neighbours
     assert rows[-1]["coordinate_bytes"] == 3000 * 16 * 4  # float32 coordinates kept for exact distances
+
+
+def test_scale_rows_without_kept_coordinates():
+    rows = knn.main(["--scale", "--n", "3000", "--queries", "40", "--dim", "16", "--nlist", "16",
+                     "--ef", "", "--nprobe", "16", "--pq", "4", "--train-sample", "2000", "--threads", "1",
+                     "--keep-coordinates", "true,false"])
+    ivf = [(r["factory"], r["keep_coordinates"]) for r in rows[1:]]
+    assert ivf == [("IVF16,Flat", True), ("IVF16,Flat", False), ("IVF16,PQ4", True)]
+    kept, stored = rows[1], rows[2]
+    assert stored["coordinate_bytes"] == 0 and stored["bytes"] == stored["faiss_bytes"]
+    assert kept["coordinate_bytes"] == 3000 * 16 * 4
+    assert stored["recall10"] == 1.0  # every list probed: the exact neighbours from the stored vectors
+    assert stored["bytes_ratio_to_cosine"] < kept["bytes_ratio_to_cosine"]

@@ -362,6 +362,7 @@ def test_faiss_threads_follow_the_load_and_results_do_not_depend_on_them(monkeyp
     import faiss
 
     import pml_hyperbolic.evaluation.hyperbolic_index as hi
+    import pml_hyperbolic.search.faiss_batches as batches
 
     x = ball_points(2000, 16, 0.1, 0.9, seed=21)
     seen = []
@@ -379,7 +380,7 @@ def test_faiss_threads_follow_the_load_and_results_do_not_depend_on_them(monkeyp
     try:
         results = []
         for forced in (1, 2):
-            monkeypatch.setattr(hi, "uncontended_threads", lambda requested, forced=forced: min(requested, forced))
+            monkeypatch.setattr(batches, "uncontended_threads", lambda requested, forced=forced: min(requested, forced))
             results.append(HyperbolicKNN(c=0.1, exact_ranks=(1, 4))(x, 8, x, True))
             assert seen[-1] == forced
             assert (torch.get_num_threads(), faiss.omp_get_max_threads()) == (2, 2)
