@@ -86,6 +86,11 @@ class FaissBatchMixin:
         return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
 
     def _faiss_search(self, Q32: Tensor, kk: int, reconstruct: bool = False):
+        """(scores, ids[, stored rows][, order]) of faiss's kk candidates per query row. An
+        approximate inverted file (not ``reconstruct``) also returns ``order``: the rows come back
+        sorted by their first inverted list (row j of the result is query ``order[j]``), so that
+        queries that visit the same list run one after another and find it in the cache; None
+        where the rows keep their order."""
         # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
         post = torch.get_num_threads()
         faiss.omp_set_num_threads(getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
@@ -98,15 +103,44 @@ class FaissBatchMixin:
             # each query scaled onto the database's sphere |Y'| = M (same order for that query)
             scale = self._mips_m / np.linalg.norm(Q32.astype(np.float64), axis=1, keepdims=True)
             Qa = _approx.augment_query((Q32 * scale).astype(np.float32), self._pad)
+            order = None
+            ivf = faiss.downcast_index(self._index)
             if reconstruct:  # the candidates' stored rows come back with them
                 l2, i, stored = self._index.search_and_reconstruct(Qa, kk)
+            elif isinstance(ivf, faiss.IndexIVF) and Qa.shape[0] > 1:
+                # faiss's own two steps (coarse assignment, then the lists), rows grouped by list
+                Dq, Iq = ivf.quantizer.search(Qa, ivf.nprobe)
+                order = np.argsort(Iq[:, 0], kind="stable")
+                Qa, scale = Qa[order], scale[order]
+                l2, i = ivf.search_preassigned(Qa, kk, Iq[order], Dq[order])
+                order = torch.from_numpy(order)
             else:
                 l2, i = self._index.search(Qa, kk)
             s = (2.0 * self._mips_m ** 2 - l2) / (2.0 * scale)  # back to the inner product
             out = torch.from_numpy(s.astype(np.float32)), torch.from_numpy(i)
-            return (*out, stored) if reconstruct else out
+            return (*out, stored) if reconstruct else (*out, order)
         finally:
             torch.set_num_threads(post)
+
+    def _approximate_batch(self, q, Q32, kk, k, ids, q32, out_dtype):
+        """An approximate factory's batch: faiss's candidates, re-ranked from the coordinates or
+        from the rows faiss stores, in faiss's row order (grouped by list), then put back."""
+        view = None if self.keep_coordinates else self._stored_rows()
+        if not self.keep_coordinates and view is None:  # a layout StoredRows cannot read
+            s, idx, stored = self._faiss_search(Q32, kk, reconstruct=True)
+            return self._rerank_stored(q, s, idx, stored, k, ids, out_dtype, q32)
+        s, idx, order = self._faiss_search(Q32, kk)
+        if order is not None:
+            q = q[order]
+            ids = None if ids is None else ids[order]
+            q32 = None if q32 is None else q32[order]
+        if view is not None:
+            d, i = self._rerank_stored(q, s, idx, view.gather(idx.numpy()), k, ids, out_dtype, q32)
+        else:
+            d, i = self._rerank(q, s, idx, k, ids, out_dtype, q32)
+        if order is not None:
+            d[order], i[order] = d.clone(), i.clone()
+        return d, i
 
     def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor], q32: Optional[Tensor],
                       out_dtype: torch.dtype):
@@ -123,17 +157,9 @@ class FaissBatchMixin:
         Q32 = torch.empty(q.shape[0], q.shape[1] + 1, dtype=torch.float32)
         Q32[:, 0] = -1.0
         Q32[:, 1:] = tail.div_(X0[:, None])
-        if not self.keep_coordinates:
-            view = self._stored_rows()
-            if view is None:  # a layout StoredRows does not read: faiss copies the rows itself
-                s, idx, stored = self._faiss_search(Q32, kk, reconstruct=True)
-            else:
-                s, idx = self._faiss_search(Q32, kk)
-                stored = view.gather(idx.numpy())
-            return self._rerank_stored(q, s, idx, stored, k, ids, out_dtype, q32)
-        s, idx = self._faiss_search(Q32, kk)
         if not self._exact:
-            return self._rerank(q, s, idx, k, ids, out_dtype, q32)
+            return self._approximate_batch(q, Q32, kk, k, ids, q32, out_dtype)
+        s, idx = self._faiss_search(Q32, kk)
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         # one faiss call and O(B·k') vectorised work; rows it cannot certify (rare) are searched
         # again with more candidates

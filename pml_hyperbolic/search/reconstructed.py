@@ -39,9 +39,9 @@ try:  # faiss-cpu or faiss-gpu
 except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
     faiss = None
 
-# bytes of float64 reconstructed rows per batch: large enough to amortise the Python work, small
-# enough to be reused by the allocator from batch to batch
-_BATCH_BYTES = 1 << 25
+# bytes of the gathered float32 rows of one batch: large enough that faiss's coarse assignment and
+# the Python work are amortised, small enough to stay a bounded working set
+_BATCH_BYTES = 1 << 26
 
 
 def stores_vectors_unchanged(factory: str) -> bool:
@@ -131,9 +131,9 @@ class StoredRows:
 
 
 def rows_per_batch(kk: int, dim: int) -> int:
-    """Queries per batch so that the float64 (rows, kk, dim + 1) reconstructed block stays near
+    """Queries per batch so that the float32 (rows, kk, dim + 2) gathered rows stay near
     ``_BATCH_BYTES``."""
-    return max(1, _BATCH_BYTES // (8 * max(1, kk) * (dim + 1)))
+    return max(1, _BATCH_BYTES // (4 * max(1, kk) * (dim + 2)))
 
 
 def distances(q: Tensor, bq: Tensor, stored: np.ndarray, valid: Tensor, c: float,

@@ -172,3 +172,17 @@ def test_stored_rows_are_faiss_own_rows_after_incremental_adds(factory, monkeypa
     slow = lean.search(q, 5)
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
     assert first[0].shape == (40, 5)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_queries_grouped_by_list_give_the_results_of_one_query_at_a_time(keep):
+    """An inverted file searches a batch with its rows sorted by their first list (cache reuse);
+    the results come back in the caller's order, equal to searching each query alone."""
+    c = 0.1
+    x, q = points(3000, 16, c, 11), points(64, 16, c, 12)
+    index = HyperbolicIndex(c=c, factory="IVF32,Flat", nprobe=2, keep_coordinates=keep).add(x)
+    d, i = index.search(q, 6, query_ids=torch.full((64,), 5))
+    for row in range(0, 64, 7):
+        d1, i1 = index.search(q[row:row + 1], 6, query_ids=torch.tensor([5]))
+        assert torch.equal(d[row], d1[0]) and torch.equal(i[row], i1[0])
+    assert not (i == 5).any()
