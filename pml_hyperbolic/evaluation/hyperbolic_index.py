@@ -482,13 +482,6 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             else:
                 q32 = q.to(torch.float32)
                 q32 = q32 if torch.equal(q32.double(), q) else None
-        rows = self._rows_per_batch(k)
-        for start in range(0, m, rows):
-            stop = min(m, start + rows)
-            ids = query_ids[start:stop] if excl else None
-            block = q if (start == 0 and stop == m) else q[start:stop]  # the whole set: its cached terms
-            d, i = self._search_batch(block, k, ids, None if q32 is None else q32[start:stop], out_dtype)
-            out_d[start:stop] = d
-            out_i[start:stop] = i
+        self._run_batches(q, k, query_ids if excl else None, q32, out_dtype, out_d, out_i)
         self._query_cache = None  # (do not keep the last query block alive)
         return out_d.to(device), out_i.to(device)

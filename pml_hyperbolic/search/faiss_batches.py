@@ -13,6 +13,7 @@ Design note: docs/design/knn-index.md
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -28,6 +29,10 @@ try:  # faiss-cpu or faiss-gpu
     import faiss
 except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
     faiss = None
+
+
+# queries per thread below which an approximate search stays in one thread
+_MIN_ROWS_PER_WORKER = 256
 
 
 class FaissBatchMixin:
@@ -64,6 +69,40 @@ class FaissBatchMixin:
             self._on_gpu = True
         return index
 
+    def _run_batches(self, q, k, query_ids, q32, out_dtype, out_d, out_i):
+        """Every batch of the queries into ``out_d`` / ``out_i``. An approximate factory with
+        several faiss threads splits the queries into that many contiguous parts, each searched by
+        its own thread with a one-thread faiss call: the re-rank after each faiss call then runs
+        in parallel too (faiss, numpy's gathers and torch's kernels release the GIL), where one
+        multi-threaded faiss call would leave it to one core."""
+        m = q.shape[0]
+        workers = 1 if self._exact else min(self._faiss_threads, m // _MIN_ROWS_PER_WORKER)
+
+        def run(lo, hi, threads):
+            rows = self._rows_per_batch(k)
+            for start in range(lo, hi, rows):
+                stop = min(hi, start + rows)
+                block = q if (start == 0 and stop == m) else q[start:stop]  # the whole set: its cached terms
+                d, i = self._search_batch(block, k, None if query_ids is None else query_ids[start:stop],
+                                          None if q32 is None else q32[start:stop], out_dtype, threads)
+                out_d[start:stop] = d
+                out_i[start:stop] = i
+
+        if workers <= 1:
+            return run(0, m, None)
+        if not self.keep_coordinates:
+            self._stored_rows()  # built once, before the threads read it
+        self._pending_self_lift = None
+        bounds = [m * j // workers for j in range(workers + 1)]
+        post = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                for job in [pool.submit(run, bounds[j], bounds[j + 1], 1) for j in range(workers)]:
+                    job.result()
+        finally:
+            torch.set_num_threads(post)
+
     def _stored_rows(self):
         """The zero-copy view of faiss's stored rows (``keep_coordinates=False``), built at the first
         search after a change; None if faiss's layout is not readable that way."""
@@ -85,15 +124,16 @@ class FaissBatchMixin:
             rows = min(rows, _reconstructed.rows_per_batch(k + 1 + self._margin(k), self._dim))
         return rows if self.batch_size is None else max(1, min(self.batch_size, rows))
 
-    def _faiss_search(self, Q32: Tensor, kk: int, reconstruct: bool = False):
+    def _faiss_search(self, Q32: Tensor, kk: int, reconstruct: bool = False, threads=None):
         """(scores, ids[, stored rows][, order]) of faiss's kk candidates per query row. An
         approximate inverted file (not ``reconstruct``) also returns ``order``: the rows come back
         sorted by their first inverted list (row j of the result is query ``order[j]``), so that
         queries that visit the same list run one after another and find it in the cache; None
-        where the rows keep their order."""
+        where the rows keep their order. ``threads``: faiss's thread count for this call (default:
+        the caller's, as set by :meth:`_with_threads`)."""
         # torch and faiss share the OpenMP runtime: give faiss back the caller's thread count
         post = torch.get_num_threads()
-        faiss.omp_set_num_threads(getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
+        faiss.omp_set_num_threads(threads or getattr(self, "_faiss_threads", faiss.omp_get_max_threads()))
         try:
             Q32 = np.ascontiguousarray(Q32.numpy())
             if self._exact:
@@ -122,14 +162,14 @@ class FaissBatchMixin:
         finally:
             torch.set_num_threads(post)
 
-    def _approximate_batch(self, q, Q32, kk, k, ids, q32, out_dtype):
+    def _approximate_batch(self, q, Q32, kk, k, ids, q32, out_dtype, threads=None):
         """An approximate factory's batch: faiss's candidates, re-ranked from the coordinates or
         from the rows faiss stores, in faiss's row order (grouped by list), then put back."""
         view = None if self.keep_coordinates else self._stored_rows()
         if not self.keep_coordinates and view is None:  # a layout StoredRows cannot read
-            s, idx, stored = self._faiss_search(Q32, kk, reconstruct=True)
+            s, idx, stored = self._faiss_search(Q32, kk, reconstruct=True, threads=threads)
             return self._rerank_stored(q, s, idx, stored, k, ids, out_dtype, q32)
-        s, idx, order = self._faiss_search(Q32, kk)
+        s, idx, order = self._faiss_search(Q32, kk, threads=threads)
         if order is not None:
             q = q[order]
             ids = None if ids is None else ids[order]
@@ -143,7 +183,7 @@ class FaissBatchMixin:
         return d, i
 
     def _search_batch(self, q: Tensor, k: int, ids: Optional[Tensor], q32: Optional[Tensor],
-                      out_dtype: torch.dtype):
+                      out_dtype: torch.dtype, threads=None):
         n = self.ntotal
         kk_needed = k + (1 if ids is not None else 0)
         kk = min(n, kk_needed + self._margin(k))
@@ -158,7 +198,7 @@ class FaissBatchMixin:
         Q32[:, 0] = -1.0
         Q32[:, 1:] = tail.div_(X0[:, None])
         if not self._exact:
-            return self._approximate_batch(q, Q32, kk, k, ids, q32, out_dtype)
+            return self._approximate_batch(q, Q32, kk, k, ids, q32, out_dtype, threads)
         s, idx = self._faiss_search(Q32, kk)
         qnorm = torch.linalg.vector_norm(Q32.double(), dim=1)
         # one faiss call and O(B·k') vectorised work; rows it cannot certify (rare) are searched

@@ -186,3 +186,36 @@ def test_queries_grouped_by_list_give_the_results_of_one_query_at_a_time(keep):
         d1, i1 = index.search(q[row:row + 1], 6, query_ids=torch.tensor([5]))
         assert torch.equal(d[row], d1[0]) and torch.equal(i[row], i1[0])
     assert not (i == 5).any()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_queries_split_across_threads_give_the_one_thread_results(keep, monkeypatch):
+    """With several faiss threads an approximate search splits the queries into contiguous parts,
+    one thread each; the results equal the one-thread search."""
+    import faiss
+
+    import pml_hyperbolic.search.faiss_batches as batches
+
+    c = 0.1
+    x, q = points(3000, 16, c, 13), points(300, 16, c, 14)
+    index = HyperbolicIndex(c=c, factory="IVF32,Flat", nprobe=2, keep_coordinates=keep).add(x)
+    before = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(1)
+        one = index.search(q, 7, query_ids=torch.arange(300))
+        monkeypatch.setattr(batches, "_MIN_ROWS_PER_WORKER", 50)
+        monkeypatch.setattr(batches, "uncontended_threads", lambda requested: requested)
+        faiss.omp_set_num_threads(3)
+        calls = []
+        search = batches.FaissBatchMixin._search_batch
+
+        def spy(self, q, *args):
+            calls.append((q.shape[0], args[-1]))
+            return search(self, q, *args)
+
+        monkeypatch.setattr(batches.FaissBatchMixin, "_search_batch", spy)
+        split = index.search(q, 7, query_ids=torch.arange(300))
+    finally:
+        faiss.omp_set_num_threads(before)
+    assert sorted(calls) == [(100, 1)] * 3  # three parts, each with a one-thread faiss call
+    assert torch.equal(one[0], split[0]) and torch.equal(one[1], split[1])
