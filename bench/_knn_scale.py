@@ -209,3 +209,12 @@ def _summary_of(rows, keep):
           f"{'MET' if best['bytes_ratio_to_cosine'] <= 1.2 else 'NOT MET'}), "
           f"{best['faiss_bytes_ratio_to_cosine']:.2f}x for the faiss part alone")
     best["summary"] = True
+
+    def meets_all(r):
+        cos = max((o["cos_qps"] for o in rows if o["factory"] == r["factory"]
+                   and o["cos_recall10"] >= r["recall10"]), default=float("inf"))
+        return (r["recall10"] >= 0.95 and r["speedup_vs_exact"] >= 20 and cos / r["qps"] <= 1.2
+                and r["bytes_ratio_to_cosine"] <= 1.2)
+
+    every = [f"{r['factory']} {r['setting']}" for r in rows if meets_all(r)]
+    print(f"keep_coordinates={keep}: settings that meet every target at once: {', '.join(every) or 'none'}")

@@ -159,7 +159,9 @@ def distances(q: Tensor, bq: Tensor, stored: np.ndarray, valid: Tensor, c: float
     t = lift[:, :, 0].to(torch.float64).mul_(math.sqrt(c)).add_(1.0)  # 2 / (1 - c|y|^2), no cancellation
     t = torch.where(valid, t, torch.ones((), dtype=t.dtype))
     if q32 is not None:  # y = Y_{1:} * (1/t) and the difference in float32: two more roundings of y
-        diff = lift[:, :, 1:].mul((1.0 / t).to(torch.float32)[:, :, None]).sub_(q32[:, None, :])
+        # (numpy's broadcasting loops over the strided rows at about twice torch's speed here)
+        buf = np.multiply(stored[:, :, 1:D + 1], (1.0 / t).to(torch.float32).numpy()[:, :, None])
+        diff = torch.from_numpy(np.subtract(buf, q32.numpy()[:, None, :], out=buf))
     else:
         diff = lift[:, :, 1:].to(torch.float64).div_(t[:, :, None]).sub_(q[:, None, :])
     d = _dist_from_diff(diff, bq[:, None], 2.0 / t, c)
