@@ -143,8 +143,10 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         batch_size: at most this many queries per faiss search call; ``None`` (default) = as
             many as keep each of a batch's (queries × k') arrays at ~16 MB (memory O(k') per
             query, never O(N²)).
-        margin: extra candidates fetched beyond k on the first try (default ``max(4, k // 32)``);
-            for an approximate factory, the candidates re-ranked exactly.
+        margin: extra candidates fetched beyond k on the first try (default ``max(4, k // 32)``,
+            and ``max(1, k // 32)`` for approximate factories that store their vectors unchanged,
+            ``IVF…,Flat`` and ``HNSW…``, whose own order only differs from the exact one by float32
+            rounding); for an approximate factory, the candidates re-ranked exactly.
         use_gpu: ``None`` or ``True`` = the flat index runs on the GPU(s) whenever faiss sees one
             (faiss-gpu installed); ``False`` = always CPU. Other factories move with :meth:`to_gpu`.
         error_model: ``"typical"`` or ``"rigorous"`` float32 score error bound (module docstring).
@@ -284,7 +286,9 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         self.coarse = coarse
         if not isinstance(keep_coordinates, bool):
             raise ValueError(f"keep_coordinates must be True or False, got {keep_coordinates!r}")
-        if not keep_coordinates and (self._exact or not _reconstructed.stores_vectors_unchanged(factory)):
+        # vectors stored unchanged: faiss's own order is the lift's, up to float32 rounding
+        self._stores_lift = not self._exact and _reconstructed.stores_vectors_unchanged(factory)
+        if not keep_coordinates and not self._stores_lift:
             raise ValueError(f"keep_coordinates=False re-ranks from the vectors faiss stores, so it needs "
                              f"an approximate factory that keeps them unchanged ('IVF4096,Flat', "
                              f"'HNSW32'), not factory={factory!r}")

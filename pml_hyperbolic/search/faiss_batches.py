@@ -112,8 +112,11 @@ class FaissBatchMixin:
         return self._stored or None
 
     def _margin(self, k: int) -> int:
-        # a few candidates past k are enough for the gap test of the certification to succeed
-        return self.margin if self.margin is not None else max(4, k // 32)
+        # a few candidates past k are enough for the gap test of the certification to succeed; an
+        # approximate index that stores the lift only needs a guard against float32 near-ties at rank k
+        if self.margin is not None:
+            return self.margin
+        return max(1 if self._stores_lift else 4, k // 32)
 
     def _rows_per_batch(self, k: int) -> int:
         # at most batch_size, and few enough that each (rows x k') int64 / float64 array of a batch
