@@ -56,15 +56,16 @@ def _max_d0(head):
     return float(geo.max_dist0()) if geo.clip_r is not None else float("inf")
 
 
-def warm_start(head, features):
-    """The head's linear layer set by ``whitening_head_init`` at its defaults (no label used)."""
+def warm_start(head, features, scale=None):
+    """The head's linear layer set by ``whitening_head_init`` (no label used), at its default scale
+    unless ``scale`` is given."""
     from pml_hyperbolic.training.pseudo_labels import whitening_head_init
 
-    whitening_head_init(head.linear, features)
+    whitening_head_init(head.linear, features, **({} if scale is None else {"scale": scale}))
     return head
 
 
-def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
+def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=None):
     """One trained head (``unsup`` or ``hier_margin``) on ``train`` (a bank ``Split``)."""
     from pml_hyperbolic.losses import HierarchicalLogRatioLoss, HierarchicalMarginLoss
     from pml_hyperbolic.miners import HierarchicalPseudoLabeler
@@ -74,7 +75,7 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
     head = _head()
     clean = train.acts[:, 0]
     if row.endswith("_whiten"):
-        warm_start(head, clean)
+        warm_start(head, clean, whiten_scale)
     if row in ("unsup", "unsup_whiten"):
         loss = HierarchicalLogRatioLoss(**loss_kwargs)
         labeler = HierarchicalPseudoLabeler(seed=seed)
@@ -110,7 +111,8 @@ def score(head, query, gallery):
     return m
 
 
-def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print):
+def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print,
+                whiten_scale=None):
     bank = qc.pooled_bank(qc.build_bank(cfg, name, use_cache=use_cache, log=log), cfg, use_cache=use_cache)
     out = []
     for seed in seeds:
@@ -127,10 +129,11 @@ def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use
                 m = score(None, query, gallery)
             elif row in ("head", "head_whiten"):
                 torch.manual_seed(seed)
-                h = _head() if row == "head" else warm_start(_head(), train.acts[:, 0])
+                h = _head() if row == "head" else warm_start(_head(), train.acts[:, 0], whiten_scale)
                 m = score(h, query, gallery)
             else:
-                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log), query, gallery)
+                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log, whiten_scale),
+                          query, gallery)
             m.update(dataset=name, split=split, row=row, seed=seed, seconds=time.perf_counter() - t0)
             log(f"{name} {split} seed {seed} {row:12s} R@1 {100 * m['recall_at_1']:.1f}  R@2 "
                 f"{100 * m['recall_at_2']:.1f}  R@4 {100 * m['recall_at_4']:.1f}  R@8 {100 * m['recall_at_8']:.1f}  "
@@ -178,12 +181,16 @@ def parse_args(argv=None):
     p.add_argument("--recluster-every", type=int, default=50)
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
+    p.add_argument("--whiten-scale", type=float, default=None,
+                   help="scale of whitening_head_init for the *_whiten rows (default: the helper's own default)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cache", action="store_true")
     a = p.parse_args(argv)
     for name in a.datasets.split(","):
         if name not in qc.BANK_DATASETS:
             p.error(f"--datasets: {name!r} is not one of {qc.BANK_DATASETS}")
+    if a.whiten_scale is not None and not (0 < a.whiten_scale < float("inf")):
+        p.error(f"--whiten-scale must be a finite number > 0, got {a.whiten_scale}")
     for row in a.rows.split(","):
         if row not in ROWS:
             p.error(f"--rows: {row!r} is not one of {ROWS}")
@@ -199,12 +206,13 @@ def main(argv=None):
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
     print(f"# bench/unsupervised_defaults.py: {cfg.describe()}; split {a.split}; re-clustering every "
-          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}")
+          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; whitening scale "
+          f"{a.whiten_scale if a.whiten_scale is not None else 'default'}")
     print(f"machine: {qc.machine_line()}")
     results = []
     for name in a.datasets.split(","):
         results += run_dataset(name, cfg, a.rows.split(","), seeds, a.split, loss_kwargs, a.recluster_every,
-                               use_cache=not a.no_cache)
+                               use_cache=not a.no_cache, whiten_scale=a.whiten_scale)
     print("\nR@1 / R@8 (%), mean ± sd over seeds; Δ = paired difference against raw, mean (worst seed):\n")
     print(table(results))
     print(f"\nTotal wall time {time.perf_counter() - t0:.0f} s; {qc.machine_line()}.")
