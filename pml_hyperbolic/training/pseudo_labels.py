@@ -236,7 +236,7 @@ def whitening_head_init(linear: torch.nn.Linear, features: Any,
     features' rank are zero. No label is used. Why the rescaling: the head's output direction does
     not depend on the weight's scale, so ``scale`` sets how far one optimiser step moves it (a larger
     scale, a smaller step: a trust region around the warm start for AdamW). Why the default is 100
-    (:data:`DEFAULT_WHITENING_HEAD_INIT_SCALE`): trained from this start on noisy pseudo-labels the head
+    (``DEFAULT_WHITENING_HEAD_INIT_SCALE``): trained from this start on noisy pseudo-labels the head
     otherwise drifts below the features it starts from; chosen on validation classes of three domains
     for both the pseudo-label and the hierarchical-margin training (the unsupervised recipe sets its
     own scale).
