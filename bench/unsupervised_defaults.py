@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The unsupervised and hierarchical-margin components at their default constructors, against the features they start from.
 
-    python -m bench unsupervised_defaults --threads 1                       # glyphs + icons, validation, seeds 0-2
+    python -m bench unsupervised_defaults --threads 1                       # glyphs, icons, iconify; validation, seeds 0-2
     python -m bench unsupervised_defaults --split test --seeds 0,1,2        # the test-class report
     python -m bench unsupervised_defaults --datasets icons --rows raw,unsup --loss-kwargs "one_sided=False"
 
@@ -12,14 +12,16 @@ backbone frozen), a ``HyperbolicEmbeddingHead(1280)`` with its defaults trained 
 256 = 64 classes × 4), no gradient clipping. Rows:
 
 * ``raw``: the pooled features themselves, cosine kNN (the starting point every row is paired with);
-* ``head``: the untrained head (Poincaré kNN), what training starts from;
+* ``head``: the untrained head (Poincaré kNN), a random 1280 → 128 projection;
+* ``head_whiten``: the untrained head after ``training.pseudo_labels.whitening_head_init`` at its
+  defaults (the head's linear layer set to the PCA whitening of the training features; no label
+  used): the warm start of the ``*_whiten`` rows;
 * ``unsup``: ``HierarchicalPseudoLabeler()`` (its defaults) clusters the head's embeddings of the clean
   training views at step 0 and every ``--recluster-every`` steps; ``HierarchicalLogRatioLoss()`` (its
   defaults, ``--loss-kwargs`` adds keyword arguments) trains on all K columns; no label is used;
-* ``unsup_whiten``: ``unsup`` with the head's linear layer first set by
-  ``training.pseudo_labels.whitening_head_init`` (PCA whitening of the training features, the
-  unsupervised recipe's scale 10; no label used): a head that starts near the features' geometry;
-* ``hier_margin``: ``HierarchicalMarginLoss(num_classes=…)`` with its defaults on the real labels.
+* ``unsup_whiten``: ``unsup`` from the ``head_whiten`` warm start;
+* ``hier_margin``: ``HierarchicalMarginLoss(num_classes=…)`` with its defaults on the real labels;
+* ``hier_margin_whiten``: ``hier_margin`` from the ``head_whiten`` warm start.
 
 ``--split val`` (default): 32 training classes are carved out per seed (``carve_validation`` with the
 run's seed; the query side of the carve as in the test protocol) and the heads train on the rest;
@@ -39,7 +41,7 @@ import torch
 
 from bench import _quality_common as qc
 
-ROWS = ("raw", "head", "unsup", "unsup_whiten", "hier_margin")
+ROWS = ("raw", "head", "head_whiten", "unsup", "unsup_whiten", "hier_margin", "hier_margin_whiten")
 C = 0.1  # the head's and the losses' default curvature
 
 
@@ -54,7 +56,16 @@ def _max_d0(head):
     return float(geo.max_dist0()) if geo.clip_r is not None else float("inf")
 
 
-def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
+def warm_start(head, features, scale=None):
+    """The head's linear layer set by ``whitening_head_init`` (no label used), at its default scale
+    unless ``scale`` is given."""
+    from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+
+    whitening_head_init(head.linear, features, **({} if scale is None else {"scale": scale}))
+    return head
+
+
+def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=None):
     """One trained head (``unsup`` or ``hier_margin``) on ``train`` (a bank ``Split``)."""
     from pml_hyperbolic.losses import HierarchicalLogRatioLoss, HierarchicalMarginLoss
     from pml_hyperbolic.miners import HierarchicalPseudoLabeler
@@ -63,11 +74,8 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
     np.random.seed(seed)
     head = _head()
     clean = train.acts[:, 0]
-    if row == "unsup_whiten":
-        from pml_hyperbolic.training.presets import DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE
-        from pml_hyperbolic.training.pseudo_labels import whitening_head_init
-
-        whitening_head_init(head.linear, clean, scale=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE)
+    if row.endswith("_whiten"):
+        warm_start(head, clean, whiten_scale)
     if row in ("unsup", "unsup_whiten"):
         loss = HierarchicalLogRatioLoss(**loss_kwargs)
         labeler = HierarchicalPseudoLabeler(seed=seed)
@@ -75,11 +83,11 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print):
         def relabel(tail, h):
             levels = labeler.fit_predict(qc.embed(tail, h, clean))
             return levels[:, 0], levels
-    elif row == "hier_margin":
+    elif row in ("hier_margin", "hier_margin_whiten"):
         loss = HierarchicalMarginLoss(num_classes=int(train.labels.max()) + 1)
         relabel = None
     else:
-        raise ValueError(f"row must be 'unsup', 'unsup_whiten' or 'hier_margin', got {row!r}")
+        raise ValueError(f"row must be one of {ROWS[3:]}, got {row!r}")
     cfg = qc.BenchConfig(**{**qc.config_dict(cfg), "seeds": tuple(cfg.seeds), "recluster_every": recluster_every})
     qc.train_with_labels(cfg, train, torch.nn.Identity(), head, loss, seed=seed, relabel=relabel)
     return head
@@ -103,7 +111,8 @@ def score(head, query, gallery):
     return m
 
 
-def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print):
+def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print,
+                whiten_scale=None):
     bank = qc.pooled_bank(qc.build_bank(cfg, name, use_cache=use_cache, log=log), cfg, use_cache=use_cache)
     out = []
     for seed in seeds:
@@ -118,11 +127,13 @@ def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use
             t0 = time.perf_counter()
             if row == "raw":
                 m = score(None, query, gallery)
-            elif row == "head":
+            elif row in ("head", "head_whiten"):
                 torch.manual_seed(seed)
-                m = score(_head(), query, gallery)
+                h = _head() if row == "head" else warm_start(_head(), train.acts[:, 0], whiten_scale)
+                m = score(h, query, gallery)
             else:
-                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log), query, gallery)
+                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log, whiten_scale),
+                          query, gallery)
             m.update(dataset=name, split=split, row=row, seed=seed, seconds=time.perf_counter() - t0)
             log(f"{name} {split} seed {seed} {row:12s} R@1 {100 * m['recall_at_1']:.1f}  R@2 "
                 f"{100 * m['recall_at_2']:.1f}  R@4 {100 * m['recall_at_4']:.1f}  R@8 {100 * m['recall_at_8']:.1f}  "
@@ -160,7 +171,7 @@ def table(results):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--datasets", default="glyphs,icons", help=f"comma-separated, from {qc.BANK_DATASETS}")
+    p.add_argument("--datasets", default="glyphs,icons,iconify", help=f"comma-separated, from {qc.BANK_DATASETS}")
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {ROWS}")
     p.add_argument("--split", choices=("val", "test"), default="val")
     p.add_argument("--seeds", default="0,1,2")
@@ -170,12 +181,16 @@ def parse_args(argv=None):
     p.add_argument("--recluster-every", type=int, default=50)
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
+    p.add_argument("--whiten-scale", type=float, default=None,
+                   help="scale of whitening_head_init for the *_whiten rows (default: the helper's own default)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cache", action="store_true")
     a = p.parse_args(argv)
     for name in a.datasets.split(","):
         if name not in qc.BANK_DATASETS:
             p.error(f"--datasets: {name!r} is not one of {qc.BANK_DATASETS}")
+    if a.whiten_scale is not None and not (0 < a.whiten_scale < float("inf")):
+        p.error(f"--whiten-scale must be a finite number > 0, got {a.whiten_scale}")
     for row in a.rows.split(","):
         if row not in ROWS:
             p.error(f"--rows: {row!r} is not one of {ROWS}")
@@ -191,12 +206,13 @@ def main(argv=None):
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
     print(f"# bench/unsupervised_defaults.py: {cfg.describe()}; split {a.split}; re-clustering every "
-          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}")
+          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; whitening scale "
+          f"{a.whiten_scale if a.whiten_scale is not None else 'default'}")
     print(f"machine: {qc.machine_line()}")
     results = []
     for name in a.datasets.split(","):
         results += run_dataset(name, cfg, a.rows.split(","), seeds, a.split, loss_kwargs, a.recluster_every,
-                               use_cache=not a.no_cache)
+                               use_cache=not a.no_cache, whiten_scale=a.whiten_scale)
     print("\nR@1 / R@8 (%), mean ± sd over seeds; Δ = paired difference against raw, mean (worst seed):\n")
     print(table(results))
     print(f"\nTotal wall time {time.perf_counter() - t0:.0f} s; {qc.machine_line()}.")

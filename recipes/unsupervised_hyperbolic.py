@@ -121,7 +121,9 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
                                           distance=PoincareDistance(c=self.geometry))
         from pml_hyperbolic.losses import HierarchicalLogRatioLoss
 
-        return HierarchicalLogRatioLoss(omega=self.args.omega, distance=PoincareDistance(c=self.geometry))
+        # the recipe's settings were chosen with the radial gradient (docs/design/pseudo-labels.md)
+        return HierarchicalLogRatioLoss(omega=self.args.omega, train_radius=True,
+                                        distance=PoincareDistance(c=self.geometry))
 
 
 if __name__ == "__main__":

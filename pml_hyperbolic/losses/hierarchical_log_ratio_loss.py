@@ -60,6 +60,12 @@ def _one_sided_dense(y: torch.Tensor, bins: torch.Tensor, K: int):
     return out, has
 
 
+def _radius_detached(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with the same value whose gradient has no radial component: x/‖x‖ · stop_grad(‖x‖)."""
+    norm = x.norm(dim=-1, keepdim=True)
+    return x / norm.clamp_min(torch.finfo(x.dtype).tiny) * norm.detach()
+
+
 class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     r"""Log-ratio loss driven by hierarchical similarity levels.
 
@@ -105,6 +111,17 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     \Sigma x^2 - 2\mu\Sigma x + n\mu^2`) and returned "already_reduced"; other reducers get the
     per-pair elements.
 
+    **Radius.** With ``train_radius=False`` (the default) the loss's value is unchanged but its
+    gradient reaches the embeddings without its radial component: each point is moved along its
+    sphere of constant d₀, :math:`\nabla_{x}\ell \mapsto (I - \hat x\hat x^\top)\nabla_{x}\ell`
+    (computed as :math:`x/\lVert x\rVert \cdot \operatorname{sg}(\lVert x\rVert)`), so the loss
+    trains directions and leaves the radius to the head's initialisation or to other terms (e.g.
+    ``RadialCalibrationLoss``). Why: distance ratios in the ball change with the radius alone (near
+    the origin they are those of Euclidean space, far out they tend to 1), so a loss on ratios always
+    has a radial way down: outward for the two-sided square, inward for the one-sided hinge, where
+    the points' different radii then reorder the Poincaré neighbours of a query. ``train_radius=True``
+    lets the full gradient through (the paper's setting).
+
     Why the default Ω is 1.2, not the paper's 10: Ω sets the distance ratios asked between
     similarity levels, 1 : Ω : Ω² : …; ratios as large as 1 : 10 : 100 cannot be reached, so every
     residual keeps one sign and the squared log-ratio stops regressing the ratios: it only pushes
@@ -115,6 +132,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         omega: Ω > 1, default 1.2; ``omega=10.0`` gives the paper's setting.
         eps: ε > 0 added to distances inside both logs (log 0 guard), default 1e-6.
         one_sided: True (default): the hinge :math:`\ell^{+}`; False: the paper's squared residual.
+        train_radius: False (default): no radial gradient (see **Radius**); True: the full gradient.
         **kwargs: passed to PML's ``BaseMetricLossFunction`` (``distance``, default
             ``PoincareDistance()`` (default geometry): the paper embeds in the Poincaré ball; ``reducer``, ...).
 
@@ -123,7 +141,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     at the sorted position of :math:`x_{ij}` (O(K·B² log B)); each (i, j) is one "pos_pair" element.
 
     Raises:
-        TypeError: ``one_sided`` not a bool.
+        TypeError: ``one_sided`` or ``train_radius`` not a bool.
         ValueError: ``omega`` ≤ 1 or ``eps`` ≤ 0; at call time, a ``distance`` that is a similarity
             (``is_inverted``), or ``labels`` / ``ref_labels`` with different numbers of levels.
         ValueError: at call time, embeddings not (N, D) or with NaN/Inf, labels not integer
@@ -136,10 +154,14 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
     Design note: docs/design/losses.md
     """
 
-    def __init__(self, omega: float = 1.2, eps: float = 1e-6, one_sided: bool = True, **kwargs):
+    def __init__(self, omega: float = 1.2, eps: float = 1e-6, one_sided: bool = True, train_radius: bool = False,
+                 **kwargs):
         if not isinstance(one_sided, bool):
             raise TypeError(f"one_sided must be a bool (True: only too-small ratios cost; False: the paper's "
                             f"squared regression), got {type(one_sided).__name__} {one_sided!r}")
+        if not isinstance(train_radius, bool):
+            raise TypeError(f"train_radius must be a bool (False: the loss moves directions only; True: the full "
+                            f"gradient, the paper's), got {type(train_radius).__name__} {train_radius!r}")
         super().__init__(**kwargs)
         omega = check_positive(omega, "omega")
         if not omega > 1:
@@ -147,6 +169,7 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         self.omega = omega
         self.eps = check_positive(eps, "eps")
         self.one_sided = one_sided
+        self.train_radius = train_radius
         self.add_to_recordable_attributes(list_of_names=["omega"], is_stat=False)
         check_inputs_on_call(self, hierarchical=True)
 
@@ -183,7 +206,11 @@ class HierarchicalLogRatioLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         ref_levels = self._as_levels(ref_labels, ref_emb.shape[0], "ref_labels")
         s = pairwise_first_shared_level(levels, ref_levels)
         log_omega = math.log(self.omega)
-        mat = as_compute(self.distance(embeddings, ref_emb))
+        if self.train_radius:
+            mat = as_compute(self.distance(embeddings, ref_emb))
+        else:
+            emb_d = _radius_detached(embeddings)
+            mat = as_compute(self.distance(emb_d, emb_d if ref_emb is embeddings else _radius_detached(ref_emb)))
         if self.distance.is_inverted:
             raise ValueError("distance must be a distance (is_inverted=False): the loss takes log D")
         if indices_tuple is not None:

@@ -20,7 +20,9 @@ def test_table_pairs_every_row_with_raw_seed_by_seed():
     assert "| — |" in raw
 
 
-@pytest.mark.parametrize("argv,match", [(["--datasets", "mnist"], "--datasets"), (["--rows", "raw,foo"], "--rows")])
+@pytest.mark.parametrize("argv,match", [(["--datasets", "mnist"], "--datasets"), (["--rows", "raw,foo"], "--rows"),
+                                        (["--whiten-scale", "0"], "--whiten-scale"),
+                                        (["--whiten-scale", "inf"], "--whiten-scale")])
 def test_bad_arguments_are_named(argv, match, capsys):
     with pytest.raises(SystemExit):
         ud.parse_args(argv)
@@ -31,3 +33,13 @@ def test_every_bank_dataset_is_accepted():
     from bench import _quality_common as qc
 
     assert ud.parse_args(["--datasets", ",".join(qc.BANK_DATASETS)]).datasets.split(",") == list(qc.BANK_DATASETS)
+
+
+def test_warm_start_uses_the_helpers_default_scale_unless_given():
+    import torch
+
+    feats = torch.randn(300, 1280, generator=torch.Generator().manual_seed(0)) + 3.0
+    default = ud.warm_start(ud._head(), feats).linear.weight.detach().double().norm()
+    given = ud.warm_start(ud._head(), feats, 10.0).linear.weight.detach().double().norm()
+    assert float(default) == pytest.approx(100 * 128 ** 0.5, rel=1e-5)  # whitening_head_init's default
+    assert float(given) == pytest.approx(10 * 128 ** 0.5, rel=1e-5)

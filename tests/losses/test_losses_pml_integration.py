@@ -21,7 +21,8 @@ from tests.losses import _loss_reference as ref
 
 def all_losses():
     return [PairwiseCrossEntropyLoss(), HypMixLoss(), UncertaintyAdaptiveContrastiveLoss(),
-            UncertaintyAdaptiveTripletLoss(), HierarchicalLogRatioLoss(omega=10.0, one_sided=False),  # the references' form
+            UncertaintyAdaptiveTripletLoss(),
+            HierarchicalLogRatioLoss(omega=10.0, one_sided=False, train_radius=True),  # the references' form
             HierarchicalMarginLoss(margin_form="contrastive", gamma=0.1, num_classes=64)]
 
 

@@ -83,7 +83,8 @@ def test_log_ratio_reference(c, m, use_ref, two_level):
         L, RL = torch.stack([y, y // 2], 1), torch.stack([ry, ry // 2], 1)
     else:
         L, RL = y, ry
-    loss = HierarchicalLogRatioLoss(omega=10.0, one_sided=False, distance=PoincareDistance(c=c))  # the paper's form
+    loss = HierarchicalLogRatioLoss(omega=10.0, one_sided=False, train_radius=True,
+                                    distance=PoincareDistance(c=c))  # the paper's form, full gradient
     Ll = L.view(len(L), -1).tolist()
     RLl = RL.view(len(RL), -1).tolist()
     kwargs = dict(ref_emb=R, ref_labels=RL) if use_ref else {}
@@ -210,7 +211,8 @@ def check_value_and_grad(got, want, inputs):
 @pytest.mark.parametrize("one_sided", [False, True])
 def test_log_ratio_nk_labels_vs_loop(c, use_ref, omega, eps, one_sided):
     E, L, R, RL = three_level_batch(c, use_ref)
-    loss = HierarchicalLogRatioLoss(omega=omega, eps=eps, one_sided=one_sided, distance=PoincareDistance(c=c))
+    loss = HierarchicalLogRatioLoss(omega=omega, eps=eps, one_sided=one_sided, train_radius=True,
+                                    distance=PoincareDistance(c=c))  # the full gradient, as the loop's
     got = loss(E, L, ref_emb=R, ref_labels=RL) if use_ref else loss(E, L)
     want = loop_log_ratio(E, L.tolist(), R, RL.tolist(), c, omega, eps, not use_ref, one_sided)
     check_value_and_grad(got, want, [E, R] if use_ref else [E])
@@ -220,7 +222,7 @@ def test_log_ratio_nk_labels_vs_loop(c, use_ref, omega, eps, one_sided):
 def test_log_ratio_nk_labels_gradcheck(one_sided):
     E, L, R, RL = three_level_batch(0.1, True, seed=3)
     E, R = E.detach().requires_grad_(), R.detach().requires_grad_()
-    loss = HierarchicalLogRatioLoss(omega=3.0 if one_sided else 1.2, one_sided=one_sided,
+    loss = HierarchicalLogRatioLoss(omega=3.0 if one_sided else 1.2, one_sided=one_sided, train_radius=True,
                                     distance=PoincareDistance(c=0.1))
     assert torch.autograd.gradcheck(lambda e, r: loss(e, L, ref_emb=r, ref_labels=RL), (E, R))
     assert torch.autograd.gradcheck(lambda e: loss(e, L), (E,))
