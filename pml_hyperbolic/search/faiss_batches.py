@@ -76,7 +76,8 @@ class FaissBatchMixin:
         in parallel too (faiss, numpy's gathers and torch's kernels release the GIL), where one
         multi-threaded faiss call would leave it to one core."""
         m = q.shape[0]
-        workers = 1 if self._exact else min(self._faiss_threads, m // _MIN_ROWS_PER_WORKER)
+        # (not on a GPU: a faiss GPU index takes one search at a time)
+        workers = 1 if self._exact or self._on_gpu else min(self._faiss_threads, m // _MIN_ROWS_PER_WORKER)
 
         def run(lo, hi, threads):
             rows = self._rows_per_batch(k)

@@ -157,6 +157,22 @@ def test_to_gpu_moves_with_the_cloner_options(data, monkeypatch):
     assert index.to_gpu(shard=True) is index and moved == [True]
     after = index.search(q, 4)
     assert torch.equal(before[1], after[1])
+    # a GPU index takes one search at a time: no split of the queries across threads there
+    import pml_hyperbolic.search.faiss_batches as batches
+
+    monkeypatch.setattr(batches, "_MIN_ROWS_PER_WORKER", 1)
+    monkeypatch.setattr(batches, "uncontended_threads", lambda requested: requested)
+    threads = []
+    search = batches.FaissBatchMixin._search_batch
+    monkeypatch.setattr(batches.FaissBatchMixin, "_search_batch",
+                        lambda self, *args: threads.append(args[-1]) or search(self, *args))
+    before_threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        again = index.search(q, 4)
+    finally:
+        faiss.omp_set_num_threads(before_threads)
+    assert threads and all(t is None for t in threads) and torch.equal(again[1], after[1])
     with pytest.raises(ValueError, match="no GPU version"):
         HyperbolicIndex(c=0.1, factory="HNSW8").add(x).to_gpu()
 
