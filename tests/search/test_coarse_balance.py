@@ -12,6 +12,7 @@ import torch
 from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.evaluation import HyperbolicIndex
 from pml_hyperbolic.search import approximate
+from tests.search._ball_points import clustered as _clustered
 
 C = 0.1
 
@@ -19,13 +20,7 @@ C = 0.1
 def clustered(n, d, seed, centres=None):
     """Ball points with clustered directions and distances from the origin spread over [0.5, 3.2]
     (the spread that makes faiss's k-means on the lift split by radius)."""
-    g = torch.Generator().manual_seed(seed)
-    if centres is None:
-        centres = torch.randn(max(1, n // 50), d, generator=g)
-    v = centres[torch.randint(0, len(centres), (n,), generator=g)] + 0.3 * torch.randn(n, d, generator=g)
-    v = v / v.norm(dim=1, keepdim=True)
-    d0 = 0.5 + 2.7 * torch.rand(n, 1, generator=g)
-    return (v * torch.tanh(C ** 0.5 * d0 / 2) / C ** 0.5).float(), centres
+    return _clustered(n, d, C, seed, centres, d0_low=0.5, d0_high=3.2)
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,11 @@ import torch
 
 from pml_hyperbolic.evaluation import HyperbolicIndex
 from pml_hyperbolic.geometry import PoincareGeometry
+from tests.search._ball_points import ball_points
 
 
 def points(n, d, c, seed, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    x = x / x.norm(dim=1, keepdim=True) * torch.rand(n, 1, generator=g, dtype=torch.float64) * 0.95 / c ** 0.5
-    return x.to(dtype)
+    return ball_points(n, d, c, seed, dtype=dtype)
 
 
 @pytest.mark.parametrize("factory, kwargs", [

@@ -6,16 +6,7 @@ import torch
 
 from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.evaluation import HyperbolicIndex, HyperbolicKNN
-
-
-def clustered(n, d, c, seed, centres=None):
-    g = torch.Generator().manual_seed(seed)
-    if centres is None:
-        centres = torch.randn(max(1, n // 50), d, generator=g)
-    v = centres[torch.randint(0, len(centres), (n,), generator=g)] + 0.3 * torch.randn(n, d, generator=g)
-    v = v / v.norm(dim=1, keepdim=True)
-    d0 = 1.5 + 1.7 * torch.rand(n, 1, generator=g)
-    return (v * torch.tanh(c ** 0.5 * d0 / 2) / c ** 0.5).float(), centres
+from tests.search._ball_points import clustered
 
 
 def truth(q, x, k, c):

@@ -14,13 +14,7 @@ import torch
 from pml_hyperbolic import poincare_ball as pb
 from pml_hyperbolic.evaluation import HyperbolicIndex
 from pml_hyperbolic.search import reconstructed
-
-
-def points(n, d, c, seed, max_radius=0.95, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    r = torch.rand(n, 1, generator=g, dtype=torch.float64) * max_radius / math.sqrt(c)
-    return (x / x.norm(dim=1, keepdim=True) * r).to(dtype)
+from tests.search._ball_points import ball_points as points
 
 
 def brute(q, x, c):
