@@ -185,6 +185,12 @@ def _summary(rows):
                     keep)
 
 
+def _cosine_qps_at_recall(rows, r):
+    """The fastest cosine setting of ``r``'s factory whose recall is at least ``r``'s (nan: none)."""
+    return max((o["cos_qps"] for o in rows if o["factory"] == r["factory"] and o["cos_recall10"] >= r["recall10"]),
+               default=float("nan"))
+
+
 def _summary_of(rows, keep):
     if not rows:
         return
@@ -195,8 +201,7 @@ def _summary_of(rows, keep):
     if best is None:
         print(f"\nkeep_coordinates={keep}: no approximate setting reached recall@10 >= 0.95")
         return
-    same = [r for r in rows if r["factory"] == best["factory"] and r["cos_recall10"] >= best["recall10"]]
-    cos_qps = max((r["cos_qps"] for r in same), default=float("nan"))
+    cos_qps = _cosine_qps_at_recall(rows, best)
     memory = ("with the coordinates kept for exact distances" if keep else
               "re-ranking from faiss's stored vectors (no coordinates kept)")
     print(f"\nkeep_coordinates={keep}: fastest setting at recall@10 >= 0.95: {best['factory']} {best['setting']}: "
@@ -211,10 +216,8 @@ def _summary_of(rows, keep):
     best["summary"] = True
 
     def meets_all(r):
-        cos = max((o["cos_qps"] for o in rows if o["factory"] == r["factory"]
-                   and o["cos_recall10"] >= r["recall10"]), default=float("inf"))
-        return (r["recall10"] >= 0.95 and r["speedup_vs_exact"] >= 20 and cos / r["qps"] <= 1.2
-                and r["bytes_ratio_to_cosine"] <= 1.2)
+        return (r["recall10"] >= 0.95 and r["speedup_vs_exact"] >= 20
+                and _cosine_qps_at_recall(rows, r) / r["qps"] <= 1.2 and r["bytes_ratio_to_cosine"] <= 1.2)
 
     every = [f"{r['factory']} {r['setting']}" for r in rows if meets_all(r)]
     print(f"keep_coordinates={keep}: settings that meet every target at once: {', '.join(every) or 'none'}")

@@ -276,8 +276,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
             factory = "Flat" if kind == "flat" else f"HNSW{int(hnsw_m)}"
         self.factory = factory
         self._exact = factory == "Flat"
-        if not self._exact:
-            _approx.check_factory(factory)
+        probe = None if self._exact else _approx.check_factory(factory)
         self.nprobe = _approx.check_param(nprobe, "nprobe")
         if self.nprobe is not None and not _approx.has_ivf(factory):
             raise ValueError(f"nprobe applies to IVF factories, not to factory={factory!r}")
@@ -287,7 +286,7 @@ class HyperbolicIndex(CertifiedSearchMixin, FactoryMixin, FaissBatchMixin):
         if not isinstance(keep_coordinates, bool):
             raise ValueError(f"keep_coordinates must be True or False, got {keep_coordinates!r}")
         # vectors stored unchanged: faiss's own order is the lift's, up to float32 rounding
-        self._stores_lift = not self._exact and _reconstructed.stores_vectors_unchanged(factory)
+        self._stores_lift = probe is not None and _reconstructed.stores_vectors_unchanged(probe)
         if not keep_coordinates and not self._stores_lift:
             raise ValueError(f"keep_coordinates=False re-ranks from the vectors faiss stores, so it needs "
                              f"an approximate factory that keeps them unchanged ('IVF4096,Flat', "

@@ -68,9 +68,10 @@ def new_index(factory: str, dim: int):
                      f"{dim + 1}-dimensional vectors: {first_error}")
 
 
-def check_factory(factory: str) -> None:
-    """ValueError now (not at the first add) for a factory faiss cannot build at a typical size."""
-    new_index(factory, 129)
+def check_factory(factory: str):
+    """The faiss index ``factory`` builds at a typical size (for inspecting its kind); ValueError now
+    (not at the first add) for a factory faiss cannot build."""
+    return new_index(factory, 129)[0]
 
 
 def mips_factor(factory: str) -> float:

@@ -173,8 +173,7 @@ class CertifiedSearchMixin:
             rows = close.any(dim=1).nonzero(as_tuple=True)[0]
             if rows.numel():
                 d[rows] = self._grid_dist(q[rows], None, safe[rows]).masked_fill_(~valid[rows], math.inf)
-        perm = _sort_by_dist_index(d, torch.where(valid, idx, idx.shape[1] + self.ntotal))[:, :k]
-        return d.gather(1, perm).to(out_dtype), idx.gather(1, perm)
+        return self._first_k(d, idx, valid, k, out_dtype)
 
     def _rerank_stored(self, q, s32, idx, stored, k, ids, out_dtype, q32=None):
         """``keep_coordinates=False``: distances of every candidate from the row faiss stores for
@@ -186,6 +185,11 @@ class CertifiedSearchMixin:
         valid = idx >= 0
         fast = q32 if q32 is not None and self._kappa() + _U32 < self.rtol else None
         d = _reconstructed.distances(q, self._query_terms(q)[1], stored, valid, self.c, fast)
+        return self._first_k(d, idx, valid, k, out_dtype)
+
+    def _first_k(self, d, idx, valid, k, out_dtype):
+        """The k candidates of each row with the smallest (distance, index); missing candidates
+        (faiss's -1, distance inf) sort last."""
         perm = _sort_by_dist_index(d, torch.where(valid, idx, idx.shape[1] + self.ntotal))[:, :k]
         return d.gather(1, perm).to(out_dtype), idx.gather(1, perm)
 

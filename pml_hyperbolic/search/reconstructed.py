@@ -44,13 +44,12 @@ except ModuleNotFoundError:  # pragma: no cover - faiss is a dependency
 _BATCH_BYTES = 1 << 26
 
 
-def stores_vectors_unchanged(factory: str) -> bool:
-    """True when ``factory`` keeps each added (augmented) vector as it was given, so that
-    ``reconstruct`` returns it bit for bit: a flat inverted file, an HNSW graph over flat storage,
-    or a flat index. False for compressed codes (PQ, SQ, LSH) and transforms (PCA, OPQ)."""
-    from .approximate import new_index
-
-    index = faiss.downcast_index(new_index(factory, 129)[0])
+def stores_vectors_unchanged(index) -> bool:
+    """True when the faiss ``index`` (e.g. :func:`.approximate.check_factory`'s) keeps each added
+    (augmented) vector as it was given, so that ``reconstruct`` returns it bit for bit: a flat
+    inverted file, an HNSW graph over flat storage, or a flat index. False for compressed codes (PQ,
+    SQ, LSH) and transforms (PCA, OPQ)."""
+    index = faiss.downcast_index(index)
     return isinstance(index, (faiss.IndexIVFFlat, faiss.IndexHNSWFlat, faiss.IndexFlat))
 
 
