@@ -31,14 +31,13 @@ Design note: docs/design/geometry.md
 from __future__ import annotations
 
 import math
-import os
 from numbers import Real
 from typing import Union
 
 import torch
 from torch import Tensor
 
-from .kernels.build import switched_on
+from .kernels.build import switched_on, values_checked  # noqa: F401 (part of this module's API)
 from .kernels.gram import DENOM_FLOOR
 from .kernels.ops import poincare_pairwise_dist
 
@@ -173,19 +172,6 @@ def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
     if tensor is None:
         tensor = torch.tensor(value, dtype=dtype, device=device)
     return tensor
-
-
-def values_checked(x: Tensor) -> bool:
-    """Whether the value checks (NaN/Inf) read ``x`` back: always for CPU tensors; for tensors on an
-    accelerator only with ``PML_HYPERBOLIC_CHECK_VALUES=1`` (read at every call), because reading a
-    value back makes the host wait for the device in the middle of a training step. Unchecked, a
-    NaN/Inf reaches the loss, where the trainer (and AMP's GradScaler) skip the step and count it.
-
-    Design note: docs/design/gpu-kernel.md
-    """
-    if x.device.type == "cpu":
-        return True
-    return os.environ.get("PML_HYPERBOLIC_CHECK_VALUES", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_finite(x: Tensor, name: str = "embeddings") -> None:

@@ -68,6 +68,19 @@ def switched_on(variable: str) -> bool:
     return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def values_checked(x: torch.Tensor) -> bool:
+    """Whether the checks that read values back (NaN/Inf, index ranges) read ``x``: always for CPU tensors; for tensors on an
+    accelerator only with ``PML_HYPERBOLIC_CHECK_VALUES=1`` (read at every call), because reading a
+    value back makes the host wait for the device in the middle of a training step. Unchecked, a
+    NaN/Inf reaches the loss, where the trainer (and AMP's GradScaler) skip the step and count it.
+
+    Design note: docs/design/gpu-kernel.md
+    """
+    if x.device.type == "cpu":
+        return True
+    return os.environ.get("PML_HYPERBOLIC_CHECK_VALUES", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def enabled() -> bool:
     """False when ``PML_HYPERBOLIC_NATIVE=0``."""
     return switched_on("PML_HYPERBOLIC_NATIVE")

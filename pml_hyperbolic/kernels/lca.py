@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from . import native as _native
+from .build import values_checked
 from .spare_buffers import SpareBuffers
 
 __all__ = ["counter_uniform", "hier_lca_rows", "hier_lca_rows_backward", "lca_triplet_loss", "triplet_rows"]
@@ -321,8 +322,11 @@ def _check_args(dist: Tensor, i: Tensor, j: Tensor, k: Tensor, tau: float, margi
 
 
 def _check_rows(n: int, i: Tensor, j: Tensor, k: Tensor) -> None:
-    """ValueError naming the first of i, j, k with an entry outside [0, n) (one device read for the three)."""
-    if i.numel() == 0:
+    """ValueError naming the first of i, j, k with an entry outside [0, n) (one device read for the three).
+
+    Read where :func:`~pml_hyperbolic.kernels.build.values_checked` says (CPU; accelerators on
+    request): elsewhere an index out of range stops the device's gather with its own error."""
+    if i.numel() == 0 or not values_checked(i):
         return
     bounds = torch.stack([torch.stack([t.min(), t.max()]) for t in (i, j, k)]).tolist()
     for name, (low, high) in zip("ijk", bounds):

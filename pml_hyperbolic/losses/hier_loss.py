@@ -17,7 +17,8 @@ from ..kernels.lca import _SPARE_GRADS, _first_index_of, _route_through_maxima, 
 from .. import poincare_ball as pb
 from ..manifold_tensors import AcceptsManifoldTensors
 from .._batch_utils import self_match_mask
-from ._common import check_labels, check_nonnegative, check_positive, index_tensors, require_ref_labels
+from ._common import (check_labels, check_nonnegative, check_positive, index_tensors, require_ref_labels,
+                      sub_loss_reducer_type)
 
 _POSITIVES = ("labels", "labels+mutual_nn")
 # Elements of (rows × proxies) per block of the triplet computation: temporaries of ~1 MiB (float32)
@@ -95,6 +96,48 @@ def _triplets_from_masks(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int
     return aa, p[pair_id], neg_flat[row_start[aa] + rank] % width
 
 
+def _fixed_size_triplets(device: torch.device) -> bool:
+    """Whether triplets are drawn at a fixed size (:func:`_triplets_by_rank`): on accelerators, where
+    a data-dependent size would make the host wait for the device in the middle of a training step."""
+    return device.type != "cpu"
+
+
+def _triplets_by_rank(pos: torch.Tensor, neg: torch.Tensor, max_triplets: int):
+    """Triplets (a, p, n) of the masks at a fixed size, with their validity, without a device-to-host read.
+
+    The ordered triplets are ranked in :func:`_triplets_from_masks`' listing order (pairs row-major,
+    then the anchor's negatives in column order); rank r maps to its triplet by two ``searchsorted``
+    on cumulative counts (per pair, then of the negatives). Slot s holds rank s when there are at most
+    ``max_triplets`` triplets (the slots past the count are invalid: the same triplets as the listing,
+    in the same order), else a rank drawn uniformly with replacement (the listing's draw). Memory O(Q·R).
+
+    Returns:
+        (a, p, n, valid): four 1-D tensors of length ``min(max_triplets, Q·R·R)``; invalid slots hold
+        in-range indices.
+    """
+    dev = pos.device
+    q, r = pos.shape
+    size = min(max_triplets, q * r * r)
+    n_neg = neg.sum(dim=1)
+    per_pair = (pos * n_neg.view(-1, 1)).reshape(-1)  # triplets of each (anchor, positive) pair
+    pair_end = torch.cumsum(per_pair, 0)
+    slot = torch.arange(size, device=dev)
+    if size == 0:
+        return slot, slot, slot, slot.bool()
+    total = pair_end[-1]
+    drawn = torch.randint(0, 2 ** 62, (size,), device=dev) % total.clamp_min(1)
+    rank = torch.where(total <= max_triplets, slot, drawn)
+    valid = slot < total  # drawing: total > max_triplets >= size, every slot valid
+    rank = torch.minimum(rank, (total - 1).clamp_min(0))
+    pair = torch.searchsorted(pair_end, rank, right=True).clamp_max(q * r - 1)
+    within = rank - (pair_end[pair] - per_pair[pair])  # the rank among the anchor's negatives
+    a, p = pair // r, pair % r
+    neg_end = torch.cumsum(neg.reshape(-1), 0)
+    row_start = torch.cumsum(n_neg, 0) - n_neg
+    n_flat = torch.searchsorted(neg_end, row_start[a] + within, right=True).clamp_max(q * r - 1)
+    return a, p, n_flat % r, valid
+
+
 def _noise_source(device: torch.device, seed: int | None = None):
     """The Gumbel noise's key holder: (source, seed), ``source.key`` the 62-bit key handed to the op.
 
@@ -128,7 +171,9 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
 
     Triplets with :math:`\rho_{ij} = \rho_{ijk}` are dropped; the sub-loss ``"loss"`` lists the
     remaining triplets (reduction type "triplet", PML indices (a, p, n): the default
-    ``MeanReducer`` averages them). With ``proxy_term=True`` the same loss on triplets of proxies
+    ``MeanReducer`` averages them; on an accelerator, where the triplets are held at a fixed size so that
+    the step never waits for a count, that mean is taken in the loss and returned "already_reduced",
+    other reducers still get the list). With ``proxy_term=True`` the same loss on triplets of proxies
     (the proxies being both the points and the LCA candidates) is the sub-loss ``"proxy_loss"``,
     returned "already_reduced" (mean over its kept triplets); PML adds the sub-losses. Use it
     beside a main loss: ``loss = main(emb, y) + w * hier(emb, y)``, and give the optimizer
@@ -353,7 +398,7 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
             indices_tuple = tuple(t.to(device=dev, dtype=torch.long)
                                   for t in index_tensors(indices_tuple, B, R))
             a, p, n = lmu.convert_to_triplets(indices_tuple, labels, ref_labels)
-            return self._subsample((a, p, n), self.max_triplets)
+            return (*self._subsample((a, p, n), self.max_triplets), None)
         if labels is None:
             raise ValueError("labels or indices_tuple is required")
         check_labels(labels, B, "labels")
@@ -367,14 +412,40 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
                 mutual = _mutual_nn(pb.pairwise_dist(emb_c, ref_c, c), self.mutual_nn_k, self_mask)
                 pos = pos | mutual
                 neg = neg & ~mutual
-        return _triplets_from_masks(pos, neg, self.max_triplets)
+        return self._masked_triplets(pos, neg, self.max_triplets)
+
+    @staticmethod
+    def _masked_triplets(pos, neg, max_triplets):
+        """(a, p, n, valid): the masks' triplets; ``valid`` None where they are listed at their own size."""
+        if _fixed_size_triplets(pos.device):
+            return _triplets_by_rank(pos, neg, max_triplets)
+        return (*_triplets_from_masks(pos, neg, max_triplets), None)
+
+    def _term(self, losses, keep, valid, triplet):
+        """A sub-loss from per-triplet ``losses`` and the mask of those kept (None: none kept).
+
+        Listed (reduction "triplet", PML indices) for the reducer, except at a fixed size under the
+        default ``MeanReducer``, where the mean over the kept triplets is taken here ("already_reduced":
+        the same value without a data-dependent size). Without ``triplet`` (the proxy term) always
+        that mean."""
+        if valid is not None:
+            keep = keep & valid
+            if triplet is None or sub_loss_reducer_type(self) is MeanReducer:
+                weight = keep.to(losses.dtype)
+                value = (losses * weight).sum() / weight.sum().clamp_min(1)
+                return {"losses": value, "indices": None, "reduction_type": "already_reduced"}
+        if not bool(keep.any()):
+            return None
+        if triplet is None:
+            return {"losses": losses[keep].mean(), "indices": None, "reduction_type": "already_reduced"}
+        return {"losses": losses[keep], "indices": tuple(t[keep] for t in triplet), "reduction_type": "triplet"}
 
     def _proxy_triplets(self, proxy_dist):
         with torch.no_grad():
             eye = torch.eye(proxy_dist.shape[0], dtype=torch.bool, device=proxy_dist.device)
             pos = _mutual_nn(proxy_dist, self.proxy_nn_k, eye, symmetric=True)
             neg = ~pos & ~eye
-        return _triplets_from_masks(pos, neg, self.max_proxy_triplets)
+        return self._masked_triplets(pos, neg, self.max_proxy_triplets)
 
     # ---- PML entry point -------------------------------------------------------------------
     def forward(self, embeddings, labels=None, indices_tuple=None, ref_emb=None, ref_labels=None):
@@ -406,26 +477,26 @@ class HIERLoss(AcceptsManifoldTensors, BaseMetricLossFunction):
         proxies = self.proxies_in_ball(dtype)
 
         out = {}
-        a, p, n = self._batch_triplets(embeddings, labels, indices_tuple, ref_emb, ref_labels, emb_c, ref_c, c)
+        a, p, n, valid = self._batch_triplets(embeddings, labels, indices_tuple, ref_emb, ref_labels, emb_c, ref_c, c)
         if a.numel():
             points = emb_c if same_ref else torch.cat([emb_c, ref_c])
             off = 0 if same_ref else emb_c.shape[0]
             dist = pb.pairwise_dist(points, proxies, c)  # (N, P)
             losses, keep = self._triplet_losses(dist, a, p + off, n + off)
-            if bool(keep.any()):
-                out["loss"] = {"losses": losses[keep], "indices": (a[keep], p[keep], n[keep]),
-                               "reduction_type": "triplet"}
+            term = self._term(losses, keep, valid, (a, p, n))
+            if term is not None:
+                out["loss"] = term
         if self.proxy_term:
             pd = pb.pairwise_dist(proxies, proxies, c)
             # exactly symmetric with a zero diagonal: LCA(i, j) ties between i and j break alike
             pd = 0.5 * (pd + pd.T)
             pd = pd.masked_fill(torch.eye(pd.shape[0], dtype=torch.bool, device=pd.device), 0.0)
-            pi, pj, pk = self._proxy_triplets(pd)
+            pi, pj, pk, valid = self._proxy_triplets(pd)
             if pi.numel():
                 losses, keep = self._triplet_losses(pd, pi, pj, pk)
-                if bool(keep.any()):
-                    out["proxy_loss"] = {"losses": losses[keep].mean(), "indices": None,
-                                         "reduction_type": "already_reduced"}
+                term = self._term(losses, keep, valid, None)
+                if term is not None:
+                    out["proxy_loss"] = term
         if not out:
             return self.zero_losses()
         for name in self._sub_loss_names():

@@ -576,3 +576,100 @@ def test_reference_set_without_its_labels_is_one_clear_error():
     loss = HIERLoss(embedding_size=4, num_proxies=8, c=geometry)
     with pytest.raises(ValueError, match="ref_labels is required with ref_emb"):
         loss(x, torch.arange(8) % 4, ref_emb=x.clone())
+
+
+# ---- fixed-size triplets (the accelerator path, run here on CPU) --------------------------------
+
+def _random_masks(q, r, seed, density=0.3):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.rand(q, r, generator=g) < density
+    neg = ~pos & (torch.rand(q, r, generator=g) < 0.7)
+    return pos, neg
+
+
+@pytest.mark.parametrize("q, r, seed", [(5, 7, 0), (9, 9, 1), (1, 12, 2), (8, 3, 3)])
+def test_triplets_by_rank_lists_what_the_listing_lists(q, r, seed):
+    """At most max_triplets triplets: the fixed-size slots hold the listing's triplets, in its order,
+    the slots past the count are invalid (and hold in-range indices)."""
+    from pml_hyperbolic.losses import hier_loss
+
+    pos, neg = _random_masks(q, r, seed)
+    a, p, n = hier_loss._triplets_from_masks(pos, neg, 10 ** 6)
+    for budget in (a.numel(), a.numel() + 5, 10 ** 6):
+        ra, rp, rn, valid = hier_loss._triplets_by_rank(pos, neg, budget)
+        assert ra.numel() == min(budget, q * r * r) and int(valid.sum()) == a.numel()
+        assert torch.equal(ra[valid], a) and torch.equal(rp[valid], p) and torch.equal(rn[valid], n)
+        assert not valid[a.numel():].any()
+        assert int(ra.max()) < q and int(rp.max()) < r and int(rn.max()) < r
+
+
+def test_triplets_by_rank_draws_uniformly_over_the_triplets():
+    """More triplets than the budget: every slot valid, every drawn triplet a real one, and each of
+    the triplets drawn about equally often (the listing's uniform draw)."""
+    from pml_hyperbolic.losses import hier_loss
+
+    pos, neg = _random_masks(6, 6, 4, density=0.4)
+    a, p, n = hier_loss._triplets_from_masks(pos, neg, 10 ** 6)
+    total = a.numel()
+    assert total > 20
+    index = {(int(x), int(y), int(z)): t for t, (x, y, z) in enumerate(zip(a, p, n))}
+    counts = np.zeros(total)
+    torch.manual_seed(0)
+    for _ in range(400):
+        ra, rp, rn, valid = hier_loss._triplets_by_rank(pos, neg, 20)
+        assert ra.numel() == 20 and bool(valid.all())
+        for x, y, z in zip(ra.tolist(), rp.tolist(), rn.tolist()):
+            counts[index[(x, y, z)]] += 1  # KeyError: not a triplet of the masks
+    expected = 400 * 20 / total
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < total + 6 * math.sqrt(2 * total)  # χ² with total − 1 degrees of freedom, far tail
+
+
+def test_triplets_by_rank_without_triplets():
+    from pml_hyperbolic.losses import hier_loss
+
+    pos = torch.zeros(4, 4, dtype=torch.bool)
+    a, p, n, valid = hier_loss._triplets_by_rank(pos, ~pos, 100)
+    assert a.numel() == 64 and not valid.any() and int(a.max()) < 4 and int(n.max()) < 4
+    a, p, n, valid = hier_loss._triplets_by_rank(torch.zeros(0, 4, dtype=torch.bool),
+                                                 torch.zeros(0, 4, dtype=torch.bool), 100)
+    assert a.numel() == 0 and valid.dtype == torch.bool
+
+
+@pytest.mark.parametrize("reducer", [None, "AvgNonZeroReducer"])
+@pytest.mark.parametrize("proxy_term", [True, False])
+def test_fixed_size_path_gives_the_listing_path_value(monkeypatch, reducer, proxy_term):
+    """The accelerator's path (fixed-size triplets; the mean taken in the loss under the default
+    reducer, the kept triplets listed for any other) gives the CPU path's loss and gradients."""
+    from pytorch_metric_learning import reducers
+
+    from pml_hyperbolic.losses import hier_loss
+
+    d, p = 4, 10
+    E = ball_points(12, d, 0.1, 40)
+    y = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])
+    results = []
+    for fixed in (False, True):
+        monkeypatch.setattr(hier_loss, "_fixed_size_triplets", lambda device, fixed=fixed: fixed)
+        kw = {} if reducer is None else {"reducer": getattr(reducers, reducer)()}
+        loss = make_loss(d, p, seed=7, proxy_std=0.6, proxy_term=proxy_term, stochastic_lca=False,
+                         proxy_nn_k=3, **kw).double()
+        e = E.clone().requires_grad_()
+        value = loss(e, y)
+        results.append((value.detach(), *torch.autograd.grad(value, [e, loss.proxies])))
+    for listed, fixed in zip(*results):
+        torch.testing.assert_close(fixed, listed, rtol=1e-12, atol=1e-14)
+    assert float(results[0][0]) > 0
+
+
+def test_fixed_size_path_without_kept_triplets_is_zero(monkeypatch):
+    """No triplet kept (one class: no negatives): the term is zero, with gradients, as on the CPU path."""
+    from pml_hyperbolic.losses import hier_loss
+
+    monkeypatch.setattr(hier_loss, "_fixed_size_triplets", lambda device: True)
+    loss = make_loss(3, 5, proxy_term=False).double()
+    e = ball_points(6, 3, 0.1, 41).requires_grad_()
+    value = loss(e, torch.zeros(6, dtype=torch.long))
+    assert float(value.detach()) == 0.0
+    (grad,) = torch.autograd.grad(value, [e], allow_unused=True)
+    assert grad is None or float(grad.abs().max()) == 0.0
