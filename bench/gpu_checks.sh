@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs a CUDA GPU, in one run, each step under its own time limit:
-#   1. the Triton kernel tests compiled and run on the GPU (tests/kernels/test_triton_pairwise.py);
+#   1. the Triton kernel tests compiled and run on the GPU (tests/kernels/test_triton_pairwise.py), and the
+#      losses' training steps under CUDA's sync debug mode (tests/losses/test_device_reads.py);
 #   2. python -m bench triton_check: accuracy against float64, opcheck, speed and memory;
 #   3. python -m bench gpu_step at batch 900 (ViT-S/16, AMP) against PML's SupCon, once on the torch
 #      path and once with --pairwise triton (PML_HYPERBOLIC_TRITON=1, the library's own dispatch).
@@ -14,7 +15,7 @@
 set -u
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
 steps=${STEPS:-20}
-checks=${CHECKS:-kernel_tests triton_check gpu_step_torch gpu_step_triton}
+checks=${CHECKS:-kernel_tests device_reads triton_check gpu_step_torch gpu_step_triton}
 profile=${PROFILE:+--profile $PROFILE}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -38,6 +39,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,utilization.gpu,driver_vers
 
 step kernel_tests 150 "$py" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_pairwise.py \
     tests/core/test_poincare_ball.py -k "triton or Triton"
+step device_reads 120 "$py" -m pytest -q -p no:cacheprovider tests/losses/test_device_reads.py
 step triton_check 150 "$py" -m bench --output "$out/triton_check.json" triton_check --sizes "${TRITON_SIZES:-900,4096}"
 step gpu_step_torch 200 "$py" -m bench --output "$out/gpu_step_torch.json" gpu_step --rows hyp_vit,hier \
     --batch-size 900 --steps "$steps" --pairwise torch $profile
