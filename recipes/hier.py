@@ -68,9 +68,7 @@ class HIER(RecipeCommandLine):
             raise ConfigError("--ms-scale needs --main-loss ms with --ms-similarity poincare")
 
     def build_loss(self):
-        from pytorch_metric_learning.losses import MultipleLosses
-
-        from pml_hyperbolic.losses import HIERLoss
+        from pml_hyperbolic.losses import HIERLoss, OrderedMultipleLosses
 
         a = self.args
         if a.main_loss == "ms":
@@ -96,8 +94,10 @@ class HIER(RecipeCommandLine):
             return main  # its miner, if any, comes from build_miner
         hier = HIERLoss(embedding_size=a.embedding_dim, num_proxies=a.hier_proxies, margin=a.hier_margin,
                         positives=a.hier_positives, c=self.geometry)
-        # the miner belongs to the main loss only (HIER draws its own triplets): MultipleLosses applies it there
-        return MultipleLosses([main, hier], miners=[miner, None], weights=[1.0, a.hier_weight])
+        # the miner belongs to the main loss only (HIER draws its own triplets); HIER, which reads nothing
+        # back from the device, is computed first (the miner's read would leave it to an idle device)
+        return OrderedMultipleLosses([main, hier], miners=[miner, None], weights=[1.0, a.hier_weight],
+                                     compute_order=[1, 0])
 
     def build_miner(self):
         if self.args.main_loss != "ms" or self.args.hier_weight:

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from pml_hyperbolic.kernels.gram import DENOM_FLOOR
+from pml_hyperbolic.kernels.build import values_checked
 
 try:  # Triton is optional: without it the module imports, and the entry point says why it cannot run
     import triton
@@ -321,7 +322,9 @@ def pairwise_poincare_dist_triton(x: Tensor, y: Tensor, c: float | Tensor) -> Te
     Raises:
         TypeError: ``x`` or ``y`` is not a floating-point tensor, or ``c`` is of an unknown type.
         ValueError: ``x`` or ``y`` is not 2-D, their feature sizes or devices differ, or ``c`` is not
-            a finite positive number.
+            a finite positive number (a ``c`` tensor on an accelerator is read back only where
+            :func:`~pml_hyperbolic.kernels.build.values_checked` says so, otherwise checked by an
+            asynchronous device assertion).
         RuntimeError: Triton is not installed, or ``x``'s device cannot run the kernels (see
             :func:`triton_available`).
 
@@ -348,7 +351,14 @@ def _curvature_tensor(c: float | Tensor, device: torch.device) -> Tensor:
     if isinstance(c, Tensor):
         if c.numel() != 1:
             raise ValueError(f"c must be a scalar curvature (a one-element tensor), got shape {tuple(c.shape)}")
-        value, tensor = float(c.detach()), c.to(device=device, dtype=torch.float64).reshape(())
+        tensor = c.to(device=device, dtype=torch.float64).reshape(())
+        if not values_checked(c):
+            # on an accelerator, validated there: reading it back would make every call wait for the
+            # device (values_checked: the same policy as the other value checks)
+            torch._assert_async(torch.isfinite(c.detach()).all() & (c.detach() > 0).all(),
+                                "c (the curvature magnitude) must be finite and > 0")
+            return tensor
+        value = float(c.detach())
     elif isinstance(c, Real) and not isinstance(c, bool):
         value = float(c)
         tensor = torch.tensor(value, dtype=torch.float64, device=device)

@@ -5,6 +5,7 @@ from .hierarchical_log_ratio_loss import HierarchicalLogRatioLoss
 from .hierarchical_margin_loss import HierarchicalMarginLoss
 from .hier_loss import HIERLoss
 from .hyp_mix_loss import HypMixLoss
+from .ordered_multiple_losses import OrderedMultipleLosses
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
 from .radial_calibration_loss import RadialCalibrationLoss
 from .uncertainty_adaptive_contrastive_loss import UncertaintyAdaptiveContrastiveLoss
@@ -21,4 +22,5 @@ __all__ = [
     "HIERLoss",
     "RadialCalibrationLoss",
     "DegradedCopyRadiusLoss",
+    "OrderedMultipleLosses",
 ]

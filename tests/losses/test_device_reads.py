@@ -83,11 +83,23 @@ def test_recorder_sees_the_listing_path_reads():
     assert _reads_of_one_step(HIERLoss(embedding_size=128, num_proxies=64, c=0.1))
 
 
-def test_pairwise_cross_entropy_accelerator_path_dispatches_no_read_back(accelerator_path):
+@pytest.mark.parametrize("distance", ["poincare", "cosine"])
+def test_pairwise_cross_entropy_accelerator_path_dispatches_no_read_back(accelerator_path, distance):
+    """With the default reducer the mean over positive pairs is taken in the loss: no pair list.
+    Another reducer gets the list, whose size is read back (the check's teeth)."""
+    from pytorch_metric_learning.distances import CosineSimilarity
+    from pytorch_metric_learning.reducers import MeanReducer
+
     from pml_hyperbolic.distances import PoincareDistance
     from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
 
-    assert not _reads_of_one_step(PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=0.1)))
+    measure = PoincareDistance(c=0.1) if distance == "poincare" else CosineSimilarity()
+    assert not _reads_of_one_step(PairwiseCrossEntropyLoss(temperature=0.2, distance=measure))
+
+    class ListedMean(MeanReducer):  # a subclass: the loss lists every pair for it
+        pass
+
+    assert _reads_of_one_step(PairwiseCrossEntropyLoss(temperature=0.2, distance=measure, reducer=ListedMean()))
 
 
 def _step(head, loss_fn, features, labels):
