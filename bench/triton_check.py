@@ -134,6 +134,12 @@ def opcheck_rows(device):
                 detail = ", ".join(f"{k}: {v}" for k, v in result.items())
             except Exception as err:  # report and go on: one row per case
                 passed, detail = False, f"{type(err).__name__}: {str(err)[:3000]}"
+                causes, cause = [], err.__cause__ or err.__context__
+                while cause is not None and len(causes) < 4:  # the comparison that failed, with its tolerance
+                    causes.append(f"{type(cause).__name__}: {str(cause)[:1500]}")
+                    cause = cause.__cause__ or cause.__context__
+                if causes:
+                    detail += " | caused by: " + " | ".join(causes)
             print(f"opcheck {dtype} {label}: {'ok' if passed else 'FAILED'} ({detail})", flush=True)
             row = {"check": "opcheck", "device": device.type, "dtype": str(dtype), "case": label,
                    "tests": tests, "passed": passed, "detail": detail}
