@@ -46,6 +46,7 @@ class FaissBatchMixin:
         # faiss's search is one big call per batch, but on a machine whose cores are taken its
         # barriers still wait for descheduled threads: there it gets 1 thread
         self._faiss_threads = uncontended_threads(faiss_threads) if faiss_threads > 1 else 1
+        self._requested_faiss_threads = faiss_threads
         try:
             if self.post_threads == "auto":
                 torch.set_num_threads(uncontended_threads(torch_threads) if torch_threads > 1 else 1)
@@ -74,10 +75,13 @@ class FaissBatchMixin:
         several faiss threads splits the queries into that many contiguous parts, each searched by
         its own thread with a one-thread faiss call: the re-rank after each faiss call then runs
         in parallel too (faiss, numpy's gathers and torch's kernels release the GIL), where one
-        multi-threaded faiss call would leave it to one core."""
+        multi-threaded faiss call would leave it to one core. The parts share no barrier, so their
+        number is the caller's faiss thread count even while other processes keep cores busy (where
+        a multi-threaded call would wait for a descheduled thread, a part only finishes later)."""
         m = q.shape[0]
         # (not on a GPU: a faiss GPU index takes one search at a time)
-        workers = 1 if self._exact or self._on_gpu else min(self._faiss_threads, m // _MIN_ROWS_PER_WORKER)
+        workers = (1 if self._exact or self._on_gpu
+                   else min(self._requested_faiss_threads, m // _MIN_ROWS_PER_WORKER))
 
         def run(lo, hi, threads):
             rows = self._rows_per_batch(k)
