@@ -182,7 +182,7 @@ def parse_args(argv=None):
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
     p.add_argument("--whiten-scale", type=float, default=None,
-                   help="scale of whitening_head_init for the *_whiten rows (default: the helper's own default)")
+                   help="scale of whitening_head_init for the *_whiten rows (default: whitening_head_init's own default)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cache", action="store_true")
     a = p.parse_args(argv)
