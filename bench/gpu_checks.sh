@@ -8,6 +8,7 @@
 #
 #   bash bench/gpu_checks.sh OUTDIR            # JSON records and logs go to OUTDIR
 #   STEPS=10 bash bench/gpu_checks.sh OUTDIR   # fewer timed steps per row
+#   ROUNDS=1 bash bench/gpu_checks.sh OUTDIR   # each gpu_step row once (default 2 rounds, interleaved)
 #   PROFILE=3 bash bench/gpu_checks.sh OUTDIR  # also profile 3 steps per row (gpu_step --profile)
 #   CHECKS="triton_check gpu_step_torch" bash bench/gpu_checks.sh OUTDIR   # some of the steps
 #
@@ -15,6 +16,7 @@
 set -u
 out=${1:?usage: bash bench/gpu_checks.sh OUTDIR}
 steps=${STEPS:-20}
+rounds=${ROUNDS:-2}
 checks=${CHECKS:-kernel_tests device_reads triton_check gpu_step_torch gpu_step_triton}
 profile=${PROFILE:+--profile $PROFILE}
 py=${PYTHON:-python3}
@@ -42,7 +44,7 @@ step kernel_tests 150 "$py" -m pytest -q -p no:cacheprovider tests/kernels/test_
 step device_reads 120 "$py" -m pytest -q -p no:cacheprovider tests/losses/test_device_reads.py
 step triton_check 150 "$py" -m bench --output "$out/triton_check.json" triton_check --sizes "${TRITON_SIZES:-900,4096}"
 step gpu_step_torch 200 "$py" -m bench --output "$out/gpu_step_torch.json" gpu_step --rows hyp_vit,hier \
-    --batch-size 900 --steps "$steps" --pairwise torch $profile
+    --batch-size 900 --steps "$steps" --rounds "$rounds" --pairwise torch $profile
 step gpu_step_triton 200 "$py" -m bench --output "$out/gpu_step_triton.json" \
-    gpu_step --rows hyp_vit,hier --batch-size 900 --steps "$steps" --pairwise triton $profile
+    gpu_step --rows hyp_vit,hier --batch-size 900 --steps "$steps" --rounds "$rounds" --pairwise triton $profile
 exit $status

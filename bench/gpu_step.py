@@ -4,6 +4,7 @@
     python -m bench gpu_step                          # CUDA, every row, 20 timed steps after 5 warm-up
     python -m bench gpu_step --rows hyp_uml,hyp_vit   # some rows (their baselines are added)
     python -m bench gpu_step --json gpu_step.json     # the numbers as JSON too
+    python -m bench gpu_step --rounds 3               # every row three times, interleaved; medians of the rounds
     python -m bench gpu_step --device cpu --batch-size 12 --image-size 32 --steps 2 --warmup 1   # smoke
 
 Setup (the papers'): ViT-S/16 (``vit_small_patch16_224``, random init, nothing downloaded) at 224 px,
@@ -38,6 +39,12 @@ each is timed between two ``torch.cuda.synchronize()``. Peak memory is
 ``torch.cuda.max_memory_allocated`` over the timed steps (reset before them), so it includes the
 weights, optimiser state and the input batch; on CPU it is the process's peak resident set
 (``VmHWM``, reset before the timed steps), indicative only.
+
+Rounds (``--rounds N``): the whole plan (each baseline, then its rows) runs N times one after the
+other, so that a slow spell of the machine falls on every row alike. A row's ``median_ms`` is then
+the median of its rounds' medians and its ``time_ratio`` the median of its per-round ratios to the
+baseline of the same round (``per_round_ms``, ``per_round_ratio``); min, max and peak memory over all
+rounds; ``--profile`` runs in the last round only.
 """
 from __future__ import annotations
 
@@ -552,6 +559,8 @@ def parse_arguments(argv=None):
                         help="whose paper preset the Hyp-ViT and HypMix rows take (cars196: batch 882 = 98 x 9)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per row before the timed ones")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every row this many times, interleaved; report the medians of the rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-on-host", action="store_true",
                         help="keep the synthetic batch on the CPU: each step then copies it to the device")
@@ -569,8 +578,8 @@ def parse_arguments(argv=None):
     if unknown or not rows:
         parser.error(f"--rows: unknown {unknown} (choose among {', '.join(ROW_NAMES)})")
     opts.rows = rows
-    if opts.steps < 1 or opts.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    if opts.steps < 1 or opts.warmup < 0 or opts.rounds < 1:
+        parser.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     for name in ("batch_size", "samples_per_class", "image_size", "threads"):
         value = getattr(opts, name)
         if value is not None and value < 1:
@@ -661,6 +670,43 @@ def main(argv=None) -> dict:
           + ("" if device.type == "cuda" else f"; native tail: {_native_status()}"))
     sys.stdout.flush()
 
+    rounds = []  # one list of rows per round, in plan order
+    profile = opts.profile
+    for number in range(opts.rounds):
+        opts.profile = profile if number == opts.rounds - 1 else 0  # profiled in the last round only
+        if opts.rounds > 1:
+            print(f"round {number + 1} of {opts.rounds}", flush=True)
+        rounds.append(run_plan(plan, opts, device))
+    opts.profile = profile
+    rows = rounds[0] if opts.rounds == 1 else combine_rounds(rounds)
+    for row in rows:
+        if row.get("is_baseline"):
+            row["time_ratio"] = 1.0 if "error" not in row else None
+            row["memory_ratio"] = 1.0 if "error" not in row and row["peak_memory_bytes"] else None
+
+    print()
+    print(format_table(rows, device))
+    summary = summary_line(rows)
+    print(summary)
+    result = {"device": str(device), "device_name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "python": platform.python_version(), "load": info,
+              "settings": {"rows": opts.rows, "steps": opts.steps, "warmup": opts.warmup, "rounds": opts.rounds,
+                           "seed": opts.seed,
+                           "batch_on_host": opts.batch_on_host, "vit_dataset": opts.vit_dataset,
+                           "image_size": first.image_size, "backbone": first.backbone, "amp": first.amp,
+                           "pairwise": opts.pairwise, "profile_steps": opts.profile},
+              "rows": rows, "summary": summary}
+    if opts.json:
+        with open(opts.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+        print(f"numbers written to {opts.json}")
+    return result
+
+
+def run_plan(plan, opts, device) -> list:
+    """Every row of ``plan`` once, each after its baseline: the rows, with their ratios to it."""
+    import torch
+
     rows, by_key = [], {}
     for label, cls, args, notes, key, is_baseline in plan:
         try:
@@ -688,27 +734,34 @@ def main(argv=None) -> dict:
                   f"{row['trainer']}, head {row['head']}, loss {loss}, amp {row['amp']}, "
                   f"last loss {row['last_loss']:.4f}"
                   + (f"; {'; '.join(row['notes'])}" if row["notes"] else ""), flush=True)
-    for row in rows:
-        if row.get("is_baseline"):
-            row["time_ratio"] = 1.0 if "error" not in row else None
-            row["memory_ratio"] = 1.0 if "error" not in row and row["peak_memory_bytes"] else None
+    return rows
 
-    print()
-    print(format_table(rows, device))
-    summary = summary_line(rows)
-    print(summary)
-    result = {"device": str(device), "device_name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "python": platform.python_version(), "load": info,
-              "settings": {"rows": opts.rows, "steps": opts.steps, "warmup": opts.warmup, "seed": opts.seed,
-                           "batch_on_host": opts.batch_on_host, "vit_dataset": opts.vit_dataset,
-                           "image_size": first.image_size, "backbone": first.backbone, "amp": first.amp,
-                           "pairwise": opts.pairwise, "profile_steps": opts.profile},
-              "rows": rows, "summary": summary}
-    if opts.json:
-        with open(opts.json, "w") as handle:
-            json.dump(result, handle, indent=2)
-        print(f"numbers written to {opts.json}")
-    return result
+
+def combine_rounds(rounds: list) -> list:
+    """One row per plan entry from several rounds (module docstring, Rounds): the last round's row
+    (its profile, last loss, notes) with the medians over the rounds; a row that failed in any round
+    keeps that round's error."""
+    combined = []
+    for runs in zip(*rounds):
+        failed = [run for run in runs if "error" in run]
+        if failed:
+            combined.append(failed[0])
+            continue
+        row = dict(runs[-1])
+        row["per_round_ms"] = [run["median_ms"] for run in runs]
+        row["median_ms"] = statistics.median(row["per_round_ms"])
+        row["min_ms"] = min(run["min_ms"] for run in runs)
+        row["max_ms"] = max(run["max_ms"] for run in runs)
+        row["images_per_s"] = row["batch_size"] / (row["median_ms"] / 1e3)
+        peaks = [run["peak_memory_bytes"] for run in runs if run["peak_memory_bytes"]]
+        row["peak_memory_bytes"] = max(peaks) if peaks else runs[-1]["peak_memory_bytes"]
+        if all("time_ratio" in run for run in runs):
+            row["per_round_ratio"] = [run["time_ratio"] for run in runs]
+            row["time_ratio"] = statistics.median(row["per_round_ratio"])
+        if all(run.get("memory_ratio") for run in runs):
+            row["memory_ratio"] = max(run["memory_ratio"] for run in runs)
+        combined.append(row)
+    return combined
 
 
 def _native_status() -> str:

@@ -130,3 +130,25 @@ def test_the_record_holds_the_rows_and_the_run_settings(one_thread, tmp_path, ca
     assert [row["row"] for row in rec["results"]] == ["baseline 8=2x4", "hyp_vit"]
     assert rec["settings"]["device"] == "cpu" and rec["settings"]["pairwise"] == "torch"
     assert rec["summary"].startswith("summary") and "hyp_vit" in rec["summary"]
+
+
+def test_rounds_interleave_the_rows_and_report_medians(gpu_step, one_thread, capsys):
+    """--rounds 3: the plan runs three times; each row's time is the median of its rounds, its ratio
+    the median of its per-round ratios to the same round's baseline; profiled in the last round only."""
+    result = gpu_step.main(["--device", "cpu", "--rows", "hyp_vit", "--batch-size", "8", "--image-size", "32",
+                            "--steps", "1", "--warmup", "0", "--threads", "1", "--rounds", "3", "--profile", "1"])
+    out = capsys.readouterr().out
+    assert out.count("round ") == 3 and out.count("  hyp_vit: ") == 3 and out.count("profile over 1 steps") == 2
+    base, row = result["rows"]
+    assert result["settings"]["rounds"] == 3 and base["is_baseline"] and base["time_ratio"] == 1.0
+    for r in (base, row):
+        assert len(r["per_round_ms"]) == 3 and r["median_ms"] == pytest.approx(sorted(r["per_round_ms"])[1])
+        assert r["min_ms"] <= min(r["per_round_ms"]) and r["max_ms"] >= max(r["per_round_ms"])
+        assert "profile" in r
+    assert len(row["per_round_ratio"]) == 3 and row["time_ratio"] == pytest.approx(sorted(row["per_round_ratio"])[1])
+    assert row["baseline"] == base["row"]
+
+
+def test_bad_rounds_is_an_argument_error(gpu_step):
+    with pytest.raises(SystemExit):
+        gpu_step.main(["--device", "cpu", "--rounds", "0"])
