@@ -37,7 +37,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from .kernels.build import switched_on, values_checked  # noqa: F401 (part of this module's API)
+from .kernels.build import assert_curvature_on_device, switched_on
+from .kernels.build import values_checked  # noqa: F401 (part of this module's API)
 from .kernels.gram import DENOM_FLOOR
 from .kernels.ops import poincare_pairwise_dist
 
@@ -157,8 +158,7 @@ def as_curvature(c: CurvatureLike, dtype: torch.dtype = torch.float32,
         if c.device.type != "cpu":
             # Validate on the device: reading the value back (float(c)) would synchronise the host
             # with the accelerator on every call. A bad c still raises, at the next synchronisation.
-            torch._assert_async(torch.isfinite(c.detach()).all() & (c.detach() > 0).all(),
-                                "c (the curvature magnitude) must be finite and > 0")
+            assert_curvature_on_device(c)
             return tensor
         value = float(c.detach().reshape(()))
     elif isinstance(c, Real) and not isinstance(c, bool):

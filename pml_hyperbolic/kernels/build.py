@@ -69,16 +69,25 @@ def switched_on(variable: str) -> bool:
 
 
 def values_checked(x: torch.Tensor) -> bool:
-    """Whether the checks that read values back (NaN/Inf, index ranges) read ``x``: always for CPU tensors; for tensors on an
-    accelerator only with ``PML_HYPERBOLIC_CHECK_VALUES=1`` (read at every call), because reading a
-    value back makes the host wait for the device in the middle of a training step. Unchecked, a
-    NaN/Inf reaches the loss, where the trainer (and AMP's GradScaler) skip the step and count it.
+    """Whether the checks that read values back (NaN/Inf, index ranges) read ``x``: always for CPU
+    tensors; for tensors on an accelerator only with ``PML_HYPERBOLIC_CHECK_VALUES=1`` (read at every
+    call), because reading a value back makes the host wait for the device in the middle of a training
+    step. Unchecked, a NaN/Inf reaches the loss, where the trainer (and AMP's GradScaler) skip the step
+    and count it.
 
     Design note: docs/design/gpu-kernel.md
     """
     if x.device.type == "cpu":
         return True
     return os.environ.get("PML_HYPERBOLIC_CHECK_VALUES", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def assert_curvature_on_device(c: torch.Tensor) -> None:
+    """Check a curvature tensor ``c`` (finite, > 0) on its own device, without reading it back: a bad
+    ``c`` fails an asynchronous device assertion at the next synchronisation. For curvatures that
+    :func:`values_checked` leaves unread."""
+    torch._assert_async(torch.isfinite(c.detach()).all() & (c.detach() > 0).all(),
+                        "c (the curvature magnitude) must be finite and > 0")
 
 
 def enabled() -> bool:

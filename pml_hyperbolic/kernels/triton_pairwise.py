@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from pml_hyperbolic.kernels.gram import DENOM_FLOOR
-from pml_hyperbolic.kernels.build import values_checked
+from pml_hyperbolic.kernels.build import assert_curvature_on_device, values_checked
 
 try:  # Triton is optional: without it the module imports, and the entry point says why it cannot run
     import triton
@@ -355,8 +355,7 @@ def _curvature_tensor(c: float | Tensor, device: torch.device) -> Tensor:
         if not values_checked(c):
             # on an accelerator, validated there: reading it back would make every call wait for the
             # device (values_checked: the same policy as the other value checks)
-            torch._assert_async(torch.isfinite(c.detach()).all() & (c.detach() > 0).all(),
-                                "c (the curvature magnitude) must be finite and > 0")
+            assert_curvature_on_device(c)
             return tensor
         value = float(c.detach())
     elif isinstance(c, Real) and not isinstance(c, bool):
