@@ -50,16 +50,16 @@ def accelerator_path(monkeypatch):
         monkeypatch.setattr(module, "values_checked", off)
 
 
-def _cpu_head():
+def _head(device="cpu"):
     from pml_hyperbolic.geometry import PoincareGeometry
     from pml_hyperbolic.heads import HyperbolicEmbeddingHead
 
-    return HyperbolicEmbeddingHead(384, 128, c=PoincareGeometry(c=0.1, clip="hard", clip_r=2.3))
+    return HyperbolicEmbeddingHead(384, 128, c=PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)).to(device)
 
 
 def _reads_of_one_step(loss_fn):
     torch.manual_seed(0)
-    head = _cpu_head()
+    head = _head()
     features, labels = torch.randn(90, 384), torch.arange(10).repeat_interleave(9)
     with _ReadBackRecorder() as recorder:
         loss_fn(head(features), labels).backward()
@@ -123,20 +123,13 @@ def _batch(n_classes=30, per_class=9, width=384, seed=0):
     return torch.randn(labels.numel(), width, device="cuda", generator=g), labels
 
 
-def _head():
-    from pml_hyperbolic.geometry import PoincareGeometry
-    from pml_hyperbolic.heads import HyperbolicEmbeddingHead
-
-    return HyperbolicEmbeddingHead(384, 128, c=PoincareGeometry(c=0.1, clip="hard", clip_r=2.3)).cuda()
-
-
 @cuda_only
 @pytest.mark.parametrize("positives", ["labels", "labels+mutual_nn"])
 @pytest.mark.parametrize("budget", [8192, 10 ** 7])  # drawn; every triplet listed at a fixed size
 def test_hier_step_reads_nothing_back(positives, budget):
     from pml_hyperbolic.losses import HIERLoss
 
-    head = _head()
+    head = _head("cuda")
     loss_fn = HIERLoss(embedding_size=128, c=head.geometry, positives=positives, max_triplets=budget).cuda()
     features, labels = _batch(n_classes=10 if budget > 8192 else 30)
     value = _step(head, loss_fn, features, labels)
@@ -163,7 +156,7 @@ def test_pairwise_cross_entropy_step_reads_nothing_back():
     from pml_hyperbolic.distances import PoincareDistance
     from pml_hyperbolic.losses import PairwiseCrossEntropyLoss
 
-    head = _head()
+    head = _head("cuda")
     loss_fn = PairwiseCrossEntropyLoss(temperature=0.2, distance=PoincareDistance(c=head.geometry))
     features, labels = _batch()
     value = _step(head, loss_fn, features, labels)
