@@ -226,6 +226,9 @@ class PMLBaseline(RecipeCommandLine):
     def add_arguments(cls, parser):
         parser.add_argument("--pml-loss", choices=("supcon", "ms", "pa", "triplet"), default="supcon")
         parser.add_argument("--kmeans-pseudo-labels", type=int, default=0, metavar="K")
+        parser.add_argument("--parent-weight", type=float, default=0.0,
+                            help="--pml-loss ms: weight of MultiSimilarity (and its miner) on the parent labels "
+                                 "(ParentLabelLoss), the sphere's counterpart of recipes/hier.py's flag")
 
     @classmethod
     def runtime_mixins(cls):
@@ -256,6 +259,16 @@ class PMLBaseline(RecipeCommandLine):
         choice = self.args.pml_loss
         if choice == "supcon":
             return losses.SupConLoss(temperature=0.1)
+        if choice == "ms" and getattr(self.args, "parent_weight", 0):
+            from pml_hyperbolic.losses import OrderedMultipleLosses, ParentLabelLoss
+            from pml_hyperbolic.training.recipe_data import training_class_parents
+            from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+            parent = ParentLabelLoss(losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
+                                     training_class_parents(self.train_set), miner=MultiSimilarityMiner(epsilon=0.1))
+            return OrderedMultipleLosses([losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), parent],
+                                         miners=[MultiSimilarityMiner(epsilon=0.1), None],
+                                         weights=[1.0, self.args.parent_weight])
         if choice == "ms":
             return losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5)
         if choice == "pa":
@@ -266,7 +279,7 @@ class PMLBaseline(RecipeCommandLine):
         return losses.TripletMarginLoss(margin=0.1)
 
     def build_miner(self):
-        if self.args.pml_loss != "ms":
+        if self.args.pml_loss != "ms" or getattr(self.args, "parent_weight", 0):
             return None
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 

@@ -138,6 +138,13 @@ def build_rows():
         Row("hms_nocal", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g}, no radial "
             "calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
             ["--hier-weight", "0", "--ms-similarity", "poincare", "--radial-calibration", "0"]),
+        Row("hms_parent", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} + "
+            f"{calibration:g}·radial calibration + {PARENT_WEIGHT:g}·MultiSimilarity on the parent labels "
+            f"(ParentLabelLoss; recipes/hier.py --parent-weight {PARENT_WEIGHT:g})", ("hier", "HIER"),
+            ["--hier-weight", "0", "--ms-similarity", "poincare", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
+        Row("ms_parent", f"PML MultiSimilarityLoss + miner (cosine) + {PARENT_WEIGHT:g}·the same on the parent labels "
+            "(ParentLabelLoss on the sphere: the control of hms_parent)", "baseline",
+            ["--pml-loss", "ms", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
         Row("supcon_ball", f"PML SupConLoss (τ=0.1) on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (polar head, "
             "c=0.1, no calibration)", "baseline_ball", ["--pml-loss", "supcon", "--radial-calibration", "0"]),
         # = hier_ms since 8a53977 (the flag explicit: the row that chose it, docs/design/records.md)
@@ -180,6 +187,7 @@ def build_rows():
 
 
 UNSUP_KMEANS_K = 100
+PARENT_WEIGHT = 0.05  # chosen on validation carves of the three development domains (docs/design/losses.md)
 ROWS = build_rows()
 QUICK_ROWS = [k for k, r in ROWS.items() if r.kind != "hcl"]
 
@@ -189,7 +197,8 @@ QUICK_ROWS = [k for k, r in ROWS.items() if r.kind != "hcl"]
 HELDOUT_PROTOCOL = {"backbone": "tf_efficientnet_lite0", "trainable": "head", "embedding_dim": 128,
                     "batch_size": 256, "samples_per_class": 4, "lr_tail": 1e-3, "lr_head": 1e-3, "steps": 600,
                     "seeds": (0, 1, 2, 3, 4)}
-HELDOUT_ROWS = ("supcon", "ms", "hypvit", "hms_nocal", "hms", "hms_t_clip", "hier_ms", "supcon_ball")
+HELDOUT_ROWS = ("supcon", "ms", "hypvit", "hms_nocal", "hms", "hms_t_clip", "hier_ms", "hms_parent", "ms_parent",
+                "supcon_ball")
 BASELINES = ("supcon", "ms")  # PML's losses on the sphere: a row is compared with the better of them
 NOT_RECOMMENDED = ("supcon_ball",)  # ball rows measured to show a failure (the docs advise against them)
 DEVELOPMENT_DOMAINS = tuple(d for d in qc.BANK_DATASETS if d != "fashion-mnist")

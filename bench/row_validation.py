@@ -74,7 +74,8 @@ def parent_labels(bank, split_labels: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(parent_of[split_labels.numpy()])
 
 
-COLUMNS = (("R@1", "recall_at_1", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("AUROC fail", "auroc_fail", 1, 3),
+COLUMNS = (("R@1", "recall_at_1", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("Spearman", "spearman", 1, 3),
+           ("AUROC fail", "auroc_fail", 1, 3),
            ("d₀ median", "d0_med", 1, 2), ("% at clip", "at_clip", 100, 1))
 
 

@@ -52,6 +52,10 @@ class HIER(RecipeCommandLine):
         g.add_argument("--ms-similarity", default="cosine", choices=MS_SIMILARITIES,
                        help="What --main-loss ms and its miner compare: the 'cosine' of the ball points (the "
                             "paper's) or 'poincare', the similarity 1 − d/T (PoincareSimilarity).")
+        g.add_argument("--parent-weight", type=nonnegative_float, default=0.0,
+                       help="Weight of MultiSimilarity (with its miner) on the classes' parent labels beside the "
+                            "main loss (ParentLabelLoss; 0 = off); needs --main-loss ms and a dataset with a "
+                            "parent level.")
         g.add_argument("--ms-scale", type=optional_positive_float, default=None,
                        help="T > 0 of --ms-similarity poincare ('none': 2·clip_r, which keeps every similarity "
                             "in [-1, 1]).")
@@ -64,6 +68,8 @@ class HIER(RecipeCommandLine):
         # the glyph preset's similarity applies to --main-loss ms only; a flag the user gives must apply
         if "ms_similarity" in getattr(args, "_explicit", ()) and args.ms_similarity != "cosine" and args.main_loss != "ms":
             raise ConfigError(f"--ms-similarity {args.ms_similarity} needs --main-loss ms, got {args.main_loss}")
+        if args.parent_weight and args.main_loss != "ms":
+            raise ConfigError(f"--parent-weight needs --main-loss ms, got {args.main_loss}")
         if args.ms_scale is not None and (args.ms_similarity != "poincare" or args.main_loss != "ms"):
             raise ConfigError("--ms-scale needs --main-loss ms with --ms-similarity poincare")
 
@@ -90,17 +96,34 @@ class HIER(RecipeCommandLine):
 
             distance = PoincareDistance(c=self.geometry)
             main, miner = PairwiseCrossEntropyLoss(temperature=a.temperature, distance=distance), None
-        if not a.hier_weight:
+        if not (a.hier_weight or a.parent_weight):
             return main  # its miner, if any, comes from build_miner
-        hier = HIERLoss(embedding_size=a.embedding_dim, num_proxies=a.hier_proxies, margin=a.hier_margin,
-                        positives=a.hier_positives, c=self.geometry)
-        # the miner belongs to the main loss only (HIER draws its own triplets); HIER, which reads nothing
-        # back from the device, is computed first (the miner's read would leave it to an idle device)
-        return OrderedMultipleLosses([main, hier], miners=[miner, None], weights=[1.0, a.hier_weight],
-                                     compute_order=[1, 0])
+        losses, miners, weights = [main], [miner], [1.0]
+        if a.hier_weight:
+            losses.append(HIERLoss(embedding_size=a.embedding_dim, num_proxies=a.hier_proxies,
+                                   margin=a.hier_margin, positives=a.hier_positives, c=self.geometry))
+            miners.append(None)  # HIER draws its own triplets
+            weights.append(a.hier_weight)
+        if a.parent_weight:
+            losses.append(self.parent_level_loss())
+            miners.append(None)  # the parent term mines on the parent labels itself
+            weights.append(a.parent_weight)
+        # HIER, which reads nothing back from the device, is computed first (the miners' reads would
+        # leave it to an idle device)
+        order = [1] + [i for i in range(len(losses)) if i != 1] if a.hier_weight else None
+        return OrderedMultipleLosses(losses, miners=miners, weights=weights, compute_order=order)
+
+    def parent_level_loss(self):
+        """MultiSimilarity and its miner on the parent labels of the training classes."""
+        from pml_hyperbolic.losses import ParentLabelLoss
+        from pml_hyperbolic.training.recipe_data import training_class_parents
+        from pytorch_metric_learning.losses import MultiSimilarityLoss
+
+        return ParentLabelLoss(MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **self.multi_similarity_distance()),
+                               training_class_parents(self.train_set), miner=self.multi_similarity_miner())
 
     def build_miner(self):
-        if self.args.main_loss != "ms" or self.args.hier_weight:
+        if self.args.main_loss != "ms" or self.args.hier_weight or self.args.parent_weight:
             return None
         return self.multi_similarity_miner()
 

@@ -7,6 +7,7 @@ from .hier_loss import HIERLoss
 from .hyp_mix_loss import HypMixLoss
 from .ordered_multiple_losses import OrderedMultipleLosses
 from .pairwise_cross_entropy_loss import PairwiseCrossEntropyLoss
+from .parent_label_loss import ParentLabelLoss, class_parents
 from .radial_calibration_loss import RadialCalibrationLoss
 from .uncertainty_adaptive_contrastive_loss import UncertaintyAdaptiveContrastiveLoss
 from .uncertainty_adaptive_triplet_loss import UncertaintyAdaptiveTripletLoss
@@ -23,4 +24,6 @@ __all__ = [
     "RadialCalibrationLoss",
     "DegradedCopyRadiusLoss",
     "OrderedMultipleLosses",
+    "ParentLabelLoss",
+    "class_parents",
 ]

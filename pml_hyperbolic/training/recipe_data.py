@@ -29,11 +29,17 @@ def seeded_subset(dataset: torch.utils.data.Dataset, max_samples: Optional[int],
 
 
 class LabelledSubset(torch.utils.data.Subset):
-    """``Subset`` that keeps the ``labels`` (and ``num_classes``) the samplers and losses need."""
+    """``Subset`` that keeps the ``labels`` (and ``num_classes``, ``super_labels``) the samplers and
+    losses need."""
 
     @property
     def labels(self):
         return np.asarray(self.dataset.labels)[np.asarray(self.indices)]
+
+    @property
+    def super_labels(self):
+        parents = getattr(self.dataset, "super_labels", None)
+        return None if parents is None else np.asarray(parents)[np.asarray(self.indices)]
 
     @property
     def num_classes(self):
@@ -75,6 +81,26 @@ def training_class_count(dataset: Any) -> int:
         raise ConfigError(f"{type(dataset).__name__}'s labels must be non-negative class indices to size "
                           f"per-class parameters (got {'none' if labels.size == 0 else int(labels.min())})")
     return int(labels.max()) + 1
+
+
+def training_class_parents(dataset: Any) -> torch.Tensor:
+    """The parent of every training class, (C,) int64, from the dataset's ``labels`` and its
+    ``super_labels`` (the bundled domains' parent level: a radical, an icon's context, a topic).
+
+    Raises:
+        ConfigError: the dataset has no ``super_labels``, or its labels do not form a tree.
+    """
+    from ..losses.parent_label_loss import class_parents
+
+    parents = getattr(dataset, "super_labels", None)
+    if parents is None:
+        raise ConfigError(f"{type(dataset).__name__} has no parent labels (.super_labels): --parent-weight "
+                          "needs a dataset with a parent level (the bundled glyphs, icons, iconify)")
+    parents = np.asarray(parents)
+    try:
+        return class_parents(dataset_labels(dataset), parents[:, 0] if parents.ndim == 2 else parents)
+    except ValueError as err:
+        raise ConfigError(f"{type(dataset).__name__}'s parent labels: {err}") from None
 
 
 def pseudo_label_options(args: Any, paper_config: Optional[dict] = None) -> dict:

@@ -330,12 +330,65 @@ def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
     assert main.distance.scale == 2.0 and miner.distance is main.distance and miner.distance._c is recipe.geometry
 
 
+def test_hier_recipe_parent_level_term(tmp_path):
+    """``--parent-weight w``: MultiSimilarity and its miner on the glyphs' radical labels (the
+    dataset's ``super_labels``), on the same similarity as the main loss, weight w; beside HIER,
+    HIER is still computed first and the state-dict keys of MS + HIER are unchanged."""
+    import numpy as np
+    from pytorch_metric_learning.losses import MultiSimilarityLoss
+    from pytorch_metric_learning.miners import MultiSimilarityMiner
+
+    from pml_hyperbolic.losses import HIERLoss, ParentLabelLoss
+
+    instances = []
+    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0", "--parent-weight", "0.2",
+                                   "--radial-calibration", "0"], instances=instances)
+    recipe = instances[0]
+    loss = recipe.trainer.loss_funcs["metric_loss"]
+    assert recipe.trainer.mining_funcs == {} and list(loss.weights) == [1.0, 0.2]
+    main, parent = loss.losses
+    assert isinstance(main, MultiSimilarityLoss) and isinstance(parent, ParentLabelLoss)
+    assert isinstance(parent.loss, MultiSimilarityLoss) and isinstance(parent.miner, MultiSimilarityMiner)
+    assert parent.loss.distance is main.distance and parent.miner.distance is main.distance
+    labels, supers = np.asarray(recipe.train_set.labels), np.asarray(recipe.train_set.super_labels)
+    assert parent.parents[labels].tolist() == supers.tolist()
+    instances = []
+    run("hier", "HIER", tmp_path / "hier", ["--no-plots", "--hier-proxies", "8", "--parent-weight", "0.2",
+                                            "--radial-calibration", "0"], instances=instances)
+    loss = instances[0].trainer.loss_funcs["metric_loss"]
+    assert [type(t) for t in loss.losses] == [MultiSimilarityLoss, HIERLoss, ParentLabelLoss]
+    assert list(loss.weights) == [1.0, instances[0].args.hier_weight, 0.2] and loss.compute_order == [1, 0, 2]
+    assert "losses.1.proxies" in loss.state_dict()  # HIER keeps its place in a checkpoint
+
+
+def test_training_class_parents_needs_a_parent_level():
+    from pml_hyperbolic.training.config import ConfigError
+    from pml_hyperbolic.training.recipe_data import training_class_parents
+
+    class Flat:
+        labels = [0, 1, 1]
+
+    class Tree(Flat):
+        super_labels = [[5, 0], [2, 0], [2, 0]]  # (N, K) parent levels: the first is the parent
+
+    class NoTree(Flat):
+        super_labels = [5, 2, 3]
+
+    assert training_class_parents(Tree()).tolist() == [5, 2]
+    with pytest.raises(ConfigError, match="no parent labels"):
+        training_class_parents(Flat())
+    with pytest.raises(ConfigError, match="more than one parent"):
+        training_class_parents(NoTree())
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--ms-similarity", "poincare", "--main-loss", "pce"], "needs --main-loss ms"),
     (["--ms-similarity", "cosine", "--ms-scale", "2"], "--ms-scale needs"),
     (["--main-loss", "pce", "--ms-scale", "2"], "--ms-scale needs"),
     (["--ms-similarity", "poincare", "--ms-scale", "0"], "--ms-scale"),
     (["--ms-similarity", "euclid"], "invalid choice"),
+    (["--main-loss", "pce", "--parent-weight", "0.1"], "--parent-weight needs --main-loss ms"),
+    (["--parent-weight", "-1"], "--parent-weight"),
 ])
 def test_hier_recipe_ms_similarity_flag_errors(flags, message, tmp_path, capsys):
     expect_flag_error(load_recipe("hier").HIER, flags, message, tmp_path, capsys)
