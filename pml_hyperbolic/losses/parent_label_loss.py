@@ -6,6 +6,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .. import poincare_ball as pb
 from ._common import check_embeddings
 
 
@@ -74,9 +75,10 @@ class ParentLabelLoss(torch.nn.Module):
         miner: a PML miner run on the parent labels before the loss, or None (every pair).
 
     Raises:
-        ValueError: ``parents`` not a 1-D integer sequence of length ≥ 1; at a call, labels outside
-            [0, C), labels of a class whose parent is negative, or an ``indices_tuple`` together
-            with a ``miner``.
+        ValueError: ``parents`` not a 1-D integer sequence of length ≥ 1; at a call, an
+            ``indices_tuple`` together with a ``miner``, labels outside [0, C) or labels of a class
+            whose parent is negative (these two read the labels back from an accelerator only where
+            :func:`pml_hyperbolic.poincare_ball.values_checked` says so).
         TypeError: ``loss`` (or ``miner``) not a ``torch.nn.Module``.
     """
 
@@ -96,10 +98,11 @@ class ParentLabelLoss(torch.nn.Module):
     def parent_labels(self, labels: Tensor, name: str = "labels") -> Tensor:
         """The parent label of each class label in ``labels`` (on ``labels``' device)."""
         labels = _as_labels(labels, name)
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.parents.numel()):
+        checked = labels.numel() > 0 and pb.values_checked(labels)  # on an accelerator: on request only
+        if checked and (int(labels.min()) < 0 or int(labels.max()) >= self.parents.numel()):
             raise ValueError(f"{name} must lie in [0, {self.parents.numel()}), the classes of parents")
         out = self.parents.to(labels.device)[labels]
-        if out.numel() and int(out.min()) < 0:
+        if checked and int(out.min()) < 0:
             raise ValueError(f"{name} hold a class without a parent (parents[k] < 0)")
         return out
 
