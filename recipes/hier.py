@@ -53,9 +53,8 @@ class HIER(RecipeCommandLine):
                        help="What --main-loss ms and its miner compare: the 'cosine' of the ball points (the "
                             "paper's) or 'poincare', the similarity 1 − d/T (PoincareSimilarity).")
         g.add_argument("--parent-weight", type=nonnegative_float, default=0.0,
-                       help="Weight of MultiSimilarity (with its miner) on the classes' parent labels beside the "
-                            "main loss (ParentLabelLoss; 0 = off); needs --main-loss ms and a dataset with a "
-                            "parent level.")
+                       help="Weight of MultiSimilarity on the classes' parent labels (ParentLabelLoss; 0 = off); "
+                            "needs --main-loss ms and parent labels.")
         g.add_argument("--ms-scale", type=optional_positive_float, default=None,
                        help="T > 0 of --ms-similarity poincare ('none': 2·clip_r, which keeps every similarity "
                             "in [-1, 1]).")
