@@ -168,6 +168,10 @@ def build_rows():
         Row("hier_margin", f"Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1, head lr "
             f"{HIER_MARGIN_GLYPH_HEAD_LR:g})", ("unsupervised_hyperbolic", "UnsupervisedHyperbolic"),
             ["--supervised", "--head-lr", f"{HIER_MARGIN_GLYPH_HEAD_LR:g}"]),
+        Row("hier_margin_low_lr", "Hierarchical margin (supervised, triplet form, γ=0.05, c=0.1), head lr 3e-5 (chosen "
+            "on validation carves at the held-out protocol's 600 steps)", ("unsupervised_hyperbolic",
+                                                                           "UnsupervisedHyperbolic"),
+            ["--supervised", "--head-lr", "3e-5"]),
         Row("unsup_logratio", "Unsupervised: pseudo-labels (512 ward clusters, whitened features) + log-ratio (Ω=1.2), "
             "whitening-initialised head",
             ("unsupervised_hyperbolic", "UnsupervisedHyperbolic")),
