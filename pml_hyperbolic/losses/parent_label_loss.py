@@ -27,8 +27,8 @@ def class_parents(labels, parent_labels) -> Tensor:
         ValueError: not two 1-D integer sequences of the same length ≥ 1, a negative label, or a
             class whose samples have different parents (then the labels are no tree).
     """
-    labels = _as_labels(labels, "labels")
-    parent_labels = _as_labels(parent_labels, "parent_labels")
+    labels = _as_labels(labels, "labels").cpu()  # a table built once, on the host
+    parent_labels = _as_labels(parent_labels, "parent_labels").cpu()
     if labels.shape != parent_labels.shape or labels.numel() == 0:
         raise ValueError(f"labels and parent_labels must be non-empty and of one length, got "
                          f"{labels.numel()} and {parent_labels.numel()}")
@@ -62,8 +62,9 @@ class ParentLabelLoss(torch.nn.Module):
     small weight (e.g. ``OrderedMultipleLosses([class_loss, ParentLabelLoss(...)], weights=[1, w])``)
     it groups the classes of one parent without merging them. Why: the training labels of many
     datasets come with a coarser level (a category, a radical, an icon's context); that level is
-    shared by classes never seen in training, so arranging it trains the part of the embedding that
-    carries over to them, and the ball's distance to the tree is what ``hierarchy`` metrics read.
+    shared by classes never seen in training, so arranging it trains a part of the embedding that
+    carries over to them, and it is what a tree-faithful distance (parent-level recall, the
+    correlation of distance and tree distance) asks for.
 
     Design note: docs/design/losses.md
 
