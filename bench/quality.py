@@ -142,6 +142,9 @@ def build_rows():
             f"{calibration:g}·radial calibration + {PARENT_WEIGHT:g}·MultiSimilarity on the parent labels "
             f"(ParentLabelLoss; recipes/hier.py --parent-weight {PARENT_WEIGHT:g})", ("hier", "HIER"),
             ["--hier-weight", "0", "--ms-similarity", "poincare", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
+        Row("hms_parent_0.3", f"hms_parent with weight 0.3 on the parent term (validation: more tree-faithful "
+            "distances, lower R@1)", ("hier", "HIER"),
+            ["--hier-weight", "0", "--ms-similarity", "poincare", "--parent-weight", "0.3"]),
         Row("ms_parent", f"PML MultiSimilarityLoss + miner (cosine) + {PARENT_WEIGHT:g}·the same on the parent labels "
             "(ParentLabelLoss on the sphere: the control of hms_parent)", "baseline",
             ["--pml-loss", "ms", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
