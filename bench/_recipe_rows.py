@@ -259,18 +259,17 @@ class PMLBaseline(RecipeCommandLine):
         choice = self.args.pml_loss
         if choice == "supcon":
             return losses.SupConLoss(temperature=0.1)
-        if choice == "ms" and getattr(self.args, "parent_weight", 0):
+        if choice == "ms":
+            main = losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5)
+            if not self.args.parent_weight:
+                return main  # its miner comes from build_miner
             from pml_hyperbolic.losses import OrderedMultipleLosses, ParentLabelLoss
             from pml_hyperbolic.training.recipe_data import training_class_parents
-            from pytorch_metric_learning.miners import MultiSimilarityMiner
 
             parent = ParentLabelLoss(losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
-                                     training_class_parents(self.train_set), miner=MultiSimilarityMiner(epsilon=0.1))
-            return OrderedMultipleLosses([losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), parent],
-                                         miners=[MultiSimilarityMiner(epsilon=0.1), None],
+                                     training_class_parents(self.train_set), miner=self._ms_miner())
+            return OrderedMultipleLosses([main, parent], miners=[self._ms_miner(), None],
                                          weights=[1.0, self.args.parent_weight])
-        if choice == "ms":
-            return losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5)
         if choice == "pa":
             from pml_hyperbolic.training.runner import training_class_count
 
@@ -279,8 +278,12 @@ class PMLBaseline(RecipeCommandLine):
         return losses.TripletMarginLoss(margin=0.1)
 
     def build_miner(self):
-        if self.args.pml_loss != "ms" or getattr(self.args, "parent_weight", 0):
-            return None
+        if self.args.pml_loss != "ms" or self.args.parent_weight:
+            return None  # with the parent term, each MultiSimilarity term has its own miner in the loss
+        return self._ms_miner()
+
+    @staticmethod
+    def _ms_miner():
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 
         return MultiSimilarityMiner(epsilon=0.1)

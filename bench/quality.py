@@ -111,6 +111,7 @@ def build_rows():
     uml = ("hyp_uml_cars", "HypUML")
     calibration = rr.load_recipe_class("hier", "HIER").glyph_preset["radial_calibration"]
     NO_COPIES = ["--degraded-copies", "0"]
+    HMS = ["--hier-weight", "0", "--ms-similarity", "poincare"]  # recipes/hier.py without HIER, MS on the ball
     rows = [
         Row("raw", "Pretrained features, no training (1280-d, cosine)", kind="raw"),
         Row("supcon", "PML SupConLoss (cosine, τ=0.1) [Sph- baseline]", "baseline", ["--pml-loss", "supcon"]),
@@ -131,20 +132,20 @@ def build_rows():
         # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
         Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} + "
             f"{calibration:g}·radial calibration (c=0.1; recipes/hier.py, no HIER)",
-            ("hier", "HIER"), ["--hier-weight", "0", "--ms-similarity", "poincare"]),
+            ("hier", "HIER"), HMS),
         Row("hms_t_clip", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{DEFAULT_CLIP_R:g} (T = clip_r, "
             f"half the default) + {calibration:g}·radial calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
-            ["--hier-weight", "0", "--ms-similarity", "poincare", "--ms-scale", f"{DEFAULT_CLIP_R:g}"]),
+            HMS + ["--ms-scale", f"{DEFAULT_CLIP_R:g}"]),
         Row("hms_nocal", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g}, no radial "
             "calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
-            ["--hier-weight", "0", "--ms-similarity", "poincare", "--radial-calibration", "0"]),
+            HMS + ["--radial-calibration", "0"]),
         Row("hms_parent", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} + "
             f"{calibration:g}·radial calibration + {PARENT_WEIGHT:g}·MultiSimilarity on the parent labels "
             f"(ParentLabelLoss; recipes/hier.py --parent-weight {PARENT_WEIGHT:g})", ("hier", "HIER"),
-            ["--hier-weight", "0", "--ms-similarity", "poincare", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
-        Row("hms_parent_0.3", f"hms_parent with weight 0.3 on the parent term (validation: more tree-faithful "
+            HMS + ["--parent-weight", f"{PARENT_WEIGHT:g}"]),
+        Row("hms_parent_0.3", "hms_parent with weight 0.3 on the parent term (validation: more tree-faithful "
             "distances, lower R@1)", ("hier", "HIER"),
-            ["--hier-weight", "0", "--ms-similarity", "poincare", "--parent-weight", "0.3"]),
+            HMS + ["--parent-weight", "0.3"]),
         Row("ms_parent", f"PML MultiSimilarityLoss + miner (cosine) + {PARENT_WEIGHT:g}·the same on the parent labels "
             "(ParentLabelLoss on the sphere: the control of hms_parent)", "baseline",
             ["--pml-loss", "ms", "--parent-weight", f"{PARENT_WEIGHT:g}"]),

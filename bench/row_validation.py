@@ -68,10 +68,9 @@ def parse_variants(text: str) -> list[tuple[str, quality.Row]]:
 
 def parent_labels(bank, split_labels: torch.Tensor) -> torch.Tensor:
     """Radical of each validation sample: the training split's class -> parent map."""
-    labels, parents = bank.train.labels.numpy(), bank.train.super_labels.numpy()
-    parent_of = np.full(labels.max() + 1, -1, np.int64)
-    parent_of[labels] = parents
-    return torch.as_tensor(parent_of[split_labels.numpy()])
+    from pml_hyperbolic.losses import class_parents
+
+    return class_parents(bank.train.labels, bank.train.super_labels)[split_labels.cpu()]
 
 
 COLUMNS = (("R@1", "recall_at_1", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("Spearman", "spearman", 1, 3),
