@@ -141,6 +141,7 @@ def _distributed_sampler_worker(rank, world, init_file, out_dir):
         dist.all_gather_object(gathered, batches)
         if rank == 0:
             torch.save(gathered, os.path.join(out_dir, "batches.pt"))
+        dist.barrier()  # no rank tears gloo down while the other still uses it (that aborts the other)
     finally:
         dist.destroy_process_group()
 

@@ -50,6 +50,9 @@ def worker(rank, init_file):
             want = miner(x, labels, all_x.clone(), all_labels)
             assert as_set(got) == as_set(want), type(miner).__name__ + " (efficient)"
             assert all(t.dtype == torch.int64 for t in got)
+        # every rank is done with gloo before either tears it down: a rank that destroys the group while the
+        # other still talks to it aborts the other process
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -38,6 +38,7 @@ def _worker(rank, world, port, out_dir):
         value.backward()
         results.append((value.detach(), local.grad.clone()))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank tears gloo down while the other still uses it (that aborts the other)
     dist.destroy_process_group()
 
 
