@@ -16,7 +16,8 @@ follows Hyp-ViT's presets.
 """
 
 from pml_hyperbolic.training.cli import ConfigError, RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import nonnegative_float, optional_positive_float, positive_float, positive_int
+from pml_hyperbolic.training.config import (nonnegative_float, optional_positive_float, positive_float, positive_int,
+                                            similarity_threshold)
 from pml_hyperbolic.training.presets import HYP_VIT_PRESETS
 
 MAIN_LOSSES = ("ms", "pa", "pce")
@@ -58,6 +59,14 @@ class HIER(RecipeCommandLine):
         g.add_argument("--ms-scale", type=optional_positive_float, default=None,
                        help="T > 0 of --ms-similarity poincare ('none': 2·clip_r, which keeps every similarity "
                             "in [-1, 1]).")
+        g.add_argument("--ms-alpha", type=positive_float, default=2.0,
+                       help="α of MultiSimilarity (--main-loss ms, and the parent term): weight of the positive pairs.")
+        g.add_argument("--ms-beta", type=positive_float, default=50.0,
+                       help="β of MultiSimilarity (--main-loss ms, and the parent term): weight of the negative pairs.")
+        g.add_argument("--ms-base", type=similarity_threshold, default=0.5,
+                       help="λ of MultiSimilarity (--main-loss ms, and the parent term): the similarity threshold.")
+        g.add_argument("--ms-epsilon", type=nonnegative_float, default=0.1,
+                       help="ε of MultiSimilarity's miner (--main-loss ms, and the parent term).")
 
     @classmethod
     def preflight(cls, args):
@@ -71,6 +80,11 @@ class HIER(RecipeCommandLine):
             raise ConfigError(f"--parent-weight needs --main-loss ms, got {args.main_loss}")
         if args.ms_scale is not None and (args.ms_similarity != "poincare" or args.main_loss != "ms"):
             raise ConfigError("--ms-scale needs --main-loss ms with --ms-similarity poincare")
+        given = sorted(f"--{k.replace('_', '-')}" for k in getattr(args, "_explicit", ())
+                       if k in ("ms_alpha", "ms_beta", "ms_base", "ms_epsilon"))
+        if given and args.main_loss != "ms":
+            raise ConfigError(f"{' '.join(given)} {'need' if len(given) > 1 else 'needs'} --main-loss ms, "
+                              f"got {args.main_loss}")
 
     def build_loss(self):
         from pml_hyperbolic.losses import HIERLoss, OrderedMultipleLosses
@@ -79,8 +93,7 @@ class HIER(RecipeCommandLine):
         if a.main_loss == "ms":
             from pytorch_metric_learning.losses import MultiSimilarityLoss
 
-            main = MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **self.multi_similarity_distance())
-            miner = self.multi_similarity_miner()
+            main, miner = self.multi_similarity_loss(), self.multi_similarity_miner()
         elif a.main_loss == "pa":
             from pml_hyperbolic.training.runner import training_class_count
             from pytorch_metric_learning.losses import ProxyAnchorLoss
@@ -116,22 +129,28 @@ class HIER(RecipeCommandLine):
         """MultiSimilarity and its miner on the parent labels of the training classes."""
         from pml_hyperbolic.losses import ParentLabelLoss
         from pml_hyperbolic.training.recipe_data import training_class_parents
-        from pytorch_metric_learning.losses import MultiSimilarityLoss
 
-        return ParentLabelLoss(MultiSimilarityLoss(alpha=2, beta=50, base=0.5, **self.multi_similarity_distance()),
-                               training_class_parents(self.train_set), miner=self.multi_similarity_miner())
+        return ParentLabelLoss(self.multi_similarity_loss(), training_class_parents(self.train_set),
+                               miner=self.multi_similarity_miner())
 
     def build_miner(self):
         if self.args.main_loss != "ms" or self.args.hier_weight or self.args.parent_weight:
             return None
         return self.multi_similarity_miner()
 
+    def multi_similarity_loss(self):
+        """MultiSimilarity (``--ms-alpha``, ``--ms-beta``, ``--ms-base``) on the loss's similarity."""
+        from pytorch_metric_learning.losses import MultiSimilarityLoss
+
+        a = self.args
+        return MultiSimilarityLoss(alpha=a.ms_alpha, beta=a.ms_beta, base=a.ms_base, **self.multi_similarity_distance())
+
     def multi_similarity_miner(self):
-        """MultiSimilarity's miner (ε 0.1) on the loss's similarity: beside HIER inside
+        """MultiSimilarity's miner (``--ms-epsilon``) on the loss's similarity: beside HIER inside
         ``MultipleLosses``, alone as the trainer's miner."""
         from pytorch_metric_learning.miners import MultiSimilarityMiner
 
-        return MultiSimilarityMiner(epsilon=0.1, **self.multi_similarity_distance())
+        return MultiSimilarityMiner(epsilon=self.args.ms_epsilon, **self.multi_similarity_distance())
 
     def multi_similarity_distance(self):
         """``distance=`` for MultiSimilarity and its miner: PML's default cosine, or the Poincaré

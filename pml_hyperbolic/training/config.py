@@ -265,6 +265,24 @@ def unit_fraction(value: Any) -> float:
     return number
 
 
+def similarity_threshold(value: Any) -> float:
+    """A threshold on a similarity in [-1, 1] (cosine, ``PoincareSimilarity`` at its default scale).
+
+    Args:
+        value: a number or its text.
+
+    Returns:
+        The float.
+
+    Raises:
+        argparse.ArgumentTypeError: for a value outside [-1, 1] (NaN included).
+    """
+    number = _number(value, "a number in [-1, 1]")
+    if not -1 <= number <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [-1, 1], got {value!r}")
+    return number
+
+
 def optional_positive_float(value: Any) -> Optional[float]:
     """:func:`positive_float`, or None for ``none``/``off``/``null``.
 
