@@ -6,9 +6,6 @@
     OMP_NUM_THREADS=1 python -m bench log_ratio_omega --eps 1e-6,0.1,1 --radius norm   # ε grid, the papers' head
     OMP_NUM_THREADS=1 python -m bench log_ratio_omega --omegas 10,1.2 --seeds 0 --steps 100   # smoke, ~20 s
 
-(Times: ~3-4 s per trained head of 300 steps + its evaluations, measured 2026-11-25 on 2 shared
-cores; the first run also builds the cached frozen-prefix bank, ~2 min.)
-
 Protocol: the bundled glyph dataset (hard protocol), the frozen MobileNetV2 bank of
 ``bench/_quality_common.py`` (64 px, 1 clean + 3 augmented views per training image) with only the
 128-d ``HyperbolicEmbeddingHead`` (c = 0.1; its default radius mode unless ``--radius``) trained on
@@ -27,44 +24,8 @@ Poincaré distance of pairs at similarity level s = 1 (same character), 2 (same 
 the fraction of 200,000 random dense triplets (s_ij < s_il) whose log-ratio is still *short* of
 its target log Ω^{s_il − s_ij} (and their mean residual).
 
-Results (2026-11-25, batch 128 = 32 characters × 4, AdamW lr 3e-3, wd 0.01, clip 3; R@1 %, mean of
-seeds 0-4; "papers' head" = ``--radius norm``, seeds 0-2):
-
-| setting | val R@1 | test R@1 | D s=1 : 2 : 3 | mean cos | ‖z‖√c | triplets short |
-|---|---:|---:|---|---:|---:|---:|
-| pooled 1280-d features, cosine (no training) | 30.2 | 15.5 | | | | |
-| untrained head (default polar head) | 27.6 | 13.8 | 2.00 : 2.12 : 2.18 | 0.60 | 0.35 | |
-| Ω=10 (paper) | 28.2 | 9.5 | 0.53 : 0.79 : 0.98 | 0.12 | 0.12 | 100% |
-| Ω=4 | 31.7 | 11.4 | 0.43 : 0.64 : 0.78 | 0.20 | 0.10 | 98% |
-| Ω=2 | 37.7 | 16.9 | 0.49 : 0.69 : 0.83 | 0.32 | 0.11 | 92% |
-| Ω=1.5 | 42.0 | 20.4 | 1.14 : 1.49 : 1.73 | 0.38 | 0.24 | 84% |
-| Ω=1.4 | 44.5 | 21.8 | 1.86 : 2.34 : 2.68 | 0.40 | 0.35 | 82% |
-| Ω=1.3 | 44.4 | 21.9 | 4.04 : 4.86 : 5.42 | 0.42 | 0.59 | 81% |
-| Ω=1.25 | 44.4 | 22.6 | 4.71 : 5.53 : 6.08 | 0.36 | 0.62 | 80% |
-| **Ω=1.2 (chosen)** | **44.6** | 22.6 | 5.18 : 5.92 : 6.42 | 0.28 | 0.62 | 78% |
-| Ω=1.15 | 43.6 | 22.1 | 5.66 : 6.29 : 6.70 | 0.21 | 0.62 | 76% |
-| Ω=1.1 | 41.0 | 21.3 | 6.14 : 6.62 : 6.92 | 0.14 | 0.62 | 73% |
-| Ω=1.2, ε=1 | 43.9 | 21.6 | 1.31 : 1.61 : 1.83 | 0.39 | 0.25 | 58% |
-| papers' head: untrained | 27.8 | 13.4 | 4.62 : 4.88 : 5.00 | 0.60 | 0.62 | |
-| papers' head: Ω=10 | 23.6 | 9.1 | 1.02 : 1.55 : 1.91 | 0.95 | 0.62 | 100% |
-| papers' head: Ω=2 | 37.7 | 16.4 | 1.45 : 2.03 : 2.42 | 0.92 | 0.62 | 93% |
-| papers' head: Ω=1.5 | 42.7 | 19.0 | 2.92 : 3.77 : 4.34 | 0.72 | 0.62 | 86% |
-| papers' head: **Ω=1.2** | **42.9** | 22.9 | 5.13 : 5.87 : 6.36 | 0.31 | 0.62 | 78% |
-| papers' head: Ω=1.1 | 40.5 | 21.5 | 6.12 : 6.60 : 6.90 | 0.14 | 0.62 | |
-
-(ε = 0.1 and ε = 1 on the papers' head, seeds 0-2: same picture, e.g. Ω=10 → 23.1 / 24.7 val,
-Ω=1.2 → 43.1 / 44.4 val; ε = 1 on the default head is not better, 43.9 vs 44.6, and shrinks the
-embeddings, so ε stays 1e-6.)
-
-``HierarchicalMarginLoss`` (default polar head, seeds 0-4; ``--margin-only --gammas 0,0.05,0.1,0.5,1
---level-gammas default``, ``--margin-kwargs "margin_form='contrastive'"`` for the paper's form), val / test:
-contrastive form (Eq. (8)-(9) as thresholds, the old default), γ = 0.1: 1-D labels 29.8 / 12.2,
-(character, radical) δ = γ 32.7 / 14.8 (δ = 0.5 30.8 / 13.9, δ = 1 33.4 / 15.3); γ = 0.5: 30.9 / 13.9
-and 30.6 / 14.9; γ = 1: 29.1 / 13.2 (collapse, see the class docstring). Triplet form (the new
-default, [D_ij − D_il + M_n]_+), 1-D and (N, 2) with δ = γ: γ = 0: 43.4 / 21.0 (both); γ = 0.05
-(chosen): 43.6 / 20.6 and 42.2 / 19.4; γ = 0.1: 42.1 / 19.5 and 39.4 / 17.4; γ = 0.5: 39.1 / 15.4
-and 38.1 / 13.7; γ = 1: 38.2 / 13.7 and 34.1 / 11.2. Papers' head (``--radius norm``), γ = 0.1:
-contrastive 36.7 / 16.0 and 35.6 / 16.4 (mean cos 0.99), triplet 42.8 / 20.4 and 41.7 / 18.9.
+Batch 128 = 32 characters × 4, AdamW lr 3e-3, wd 0.01, clip 3. The tables of the recorded runs and
+the choices made from them: docs/design/losses.md (HierarchicalLogRatioLoss, HierarchicalMarginLoss).
 """
 from __future__ import annotations
 

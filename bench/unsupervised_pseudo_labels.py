@@ -6,10 +6,6 @@
     OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels --protocol recipe --seeds 0,1,2 \
         --settings r_previous_default,r_default             # the recipe as bench/quality.py trains it (~1.5 min)
 
-(Times measured 2026-11-25 on 2 shared cores: ~3-5 s per trained head of 120 steps with ward
-linkage, ~30 s with the exact average linkage re-clustering the 3,712 training embeddings; the
-first run also builds the cached frozen-prefix bank, ~2 min.)
-
 Protocol (``--protocol head``, the default): as ``bench/log_ratio_omega.py`` — bundled glyphs
 (hard protocol), frozen MobileNetV2 bank of ``bench/_quality_common.py``, only the 128-d ``HyperbolicEmbeddingHead`` (c = 0.1) trains on the
 pooled 1280-d features, ``HierarchicalLogRatioLoss`` with its default Ω, 120 steps (the
@@ -20,70 +16,14 @@ out as validation (``carve_validation``, seed 0); the heads train on the other 1
 images (3,712). A setting is chosen on validation R@1 only; test R@1 (160 held-out characters) is
 printed only for the baselines, the paper's setting, the previous default and the chosen setting.
 
-Results (2026-11-25, seeds 0-4 unless said; R@1 %; full table: run the script):
-
-| setting | val R@1 | test R@1 |
-|---|---:|---:|
-| pooled 1280-d features, cosine (no training) | 30.2 | 15.5 |
-| untrained head | 27.6 | 13.8 |
-| previous default (average linkage of the untrained head, (100, 70, 40, 10)), seeds 0-2 | 14.2 | 5.5 |
-| paper (average linkage, (100, 70, 40, 10), features then embeddings, singletons merged), seeds 0-2 | 30.0 | 13.9 |
-| Ward (100, 70, 40, 10), features | 24.0 | |
-| Ward (128, 32), features | 27.3 | |
-| Ward (32,), features / then embeddings | 29.1 / 30.6 | |
-| Ward (128,), features / then embeddings | 30.2 / 30.3 | |
-| Ward (128,), features whitened to 128-d / then embeddings | 30.5 / 30.5 | |
-| **Ward (128,), features whitened to 256-d (chosen then: the package default until 2026-11-26)** | **30.7** | **15.9** |
-| Ward (256,) / (512,), features whitened to 256-d (2026-11-26) | 31.8 / 31.8 | |
-
-The chosen setting is above the pooled features on test in every seed (15.5-16.4 vs 15.5) but
-only by 0.4 on average, and the one-level settings are within the seed spread (±2 val) of each
-other: on these glyphs clustering-based pseudo-labels carry little beyond the features themselves
-(pair precision ≤ 6 %, chance 0.8 %). Finer clusters are purer (pair precision 9.8 / 14.5 % at 256 /
-512: ``--settings white256_128,white256_256,white256_512``). In this grid ``default`` is the package
-default of the day (now 512 clusters), so its row changed on 2026-11-26.
-
-**``--protocol recipe``** (2026-11-26, 2 shared cores, ~16 s per trained run): each
+**``--protocol recipe``**: each
 setting is a list of flags of ``recipes/unsupervised_hyperbolic.py`` (``RECIPE_SETTINGS``), trained
 through the recipe exactly as ``bench/quality.py``'s ``unsup_logratio`` row (``_recipe_rows``: last
 block + conv_head + head trainable, lr 3e-4 / 3e-3, 120 steps, one labelling) on the same 128 / 32
 split; val R@1 is printed before training (``--eval-before``: the head as initialised) and after.
 ``--report-test SETTINGS`` trains on all 160 training characters and prints test R@1 before / after
-(a report, never a choice). Results (R@1 %, mean over seeds; commands after the table, each after
-``OMP_NUM_THREADS=1 python -m bench unsupervised_pseudo_labels --protocol recipe``):
-
-| setting (``RECIPE_SETTINGS``) | val before | val after (seeds 0-4) | val after (seeds 5-9) | worst seed |
-|---|---:|---:|---:|---:|
-| pre-trained features, cosine | | 30.2 | | |
-| ``r_previous_default`` (random head, 128 clusters) | 27.6 | 31.0 [A] | | 27.6 |
-| ``r_paper`` (paper pseudo-labels, Ω = 10, random head) | 27.6 | 11.1 [A] | | 8.9 |
-| ``r_random_512`` (random head, 512 clusters), seeds 0-2 | 28.1 | 33.0 [F] | | 31.2 |
-| ``r_whiten_s1`` / ``r_whiten_s30`` (whitened head, scale 1 / 30, 128 clusters), seeds 0-2 | 33.3 | 32.8 / 33.7 [F] | | 29.7 / 32.3 |
-| ``r_whiten_s3`` / ``r_whiten_s10`` (whitened head, scale 3 / 10, 128 clusters) | 33.3 | 34.8 / 34.6 [B] | — / 34.4 [C] | 32.3 / 31.8 |
-| ``r_whiten_s1_512`` (scale 1, 512 clusters) | 33.3 | 35.6 [B] | 31.6 [C] | 26.0 |
-| ``r_whiten_s3_512`` | 33.3 | 35.2 [B] | 34.9 [C] | 32.3 |
-| **``r_whiten_s10_512`` (chosen = ``r_default``)** | 33.3 | 35.1 [B] | 36.2 [C] | 33.3 |
-| ``r_whiten_s30_512`` | 33.3 | 34.3 [B] | 36.4 [C] | 31.2 |
-| ``r_whiten_s10_1024`` (capped at 928) | 33.3 | 34.6 [B] | | 33.3 |
-| ``r_whiten_s10_256`` / ``r_whiten_s10_512_128``, seeds 0-2 | 33.3 | 31.8 / 34.0 [D] | | |
-| ``r_whiten_s10_512_omega1.1`` / ``_omega1.4``, seeds 0-2 | 33.3 | 34.5 / 33.2 [D] | | |
-
-[A] ``--seeds 0,1,2,3,4 --settings r_previous_default,r_paper`` ·
-[B] ``--seeds 0,1,2,3,4 --settings r_whiten_s3,r_whiten_s10,r_whiten_s1_512,r_whiten_s3_512,r_whiten_s10_512,r_whiten_s30_512,r_whiten_s10_1024`` ·
-[C] ``--seeds 5,6,7,8,9 --settings r_whiten_s10,r_whiten_s1_512,r_whiten_s3_512,r_whiten_s10_512,r_whiten_s30_512`` ·
-[D] ``--seeds 0,1,2 --settings r_whiten_s10_256,r_whiten_s10_512_128,r_whiten_s10_512_omega1.1,r_whiten_s10_512_omega1.4`` ·
-[F] ``--seeds 0,1,2 --settings r_whiten_s1,r_whiten_s30,r_random_512``.
-
-Chosen (best mean over seeds 0-9, 35.7, and best worst seed): the whitened warm start at scale 10 +
-512 clusters, now the recipe's defaults. Without the trust region (scale 1) two seeds of ten end
-below the features. Test, reported once: ``python -m bench quality --datasets glyphs --threads 1
---rows raw,unsup_logratio`` gives 18.4 ± 0.9 (seeds 0, 1, 2: 19.5, 18.1, 17.7) against 15.5 for the
-features (previous default: 15.8 ± 1.4, seeds 15.8 / 14.5 / 17.2). ``--seeds 0,1,2 --settings ""
---report-test r_previous_default,r_default`` [E] shows where it comes from: test before / after
-training 18.1 / 18.4 (19.5, 18.1, 17.7) for the defaults, 13.6 / 15.9 (15.7, 14.9, 17.2) for the
-previous ones (their extra evaluation before training moves seeds 0 and 1 a little from
-``bench/quality.py``'s): the whitened warm start carries most of the gain on test; training on the
-pseudo-labels adds 0.3 there (2.3 on validation).
+(a report, never a choice). The tables of the recorded runs, their commands and the choices made from them:
+docs/design/pseudo-labels.md.
 
 Pseudo-label diagnostics per setting (first labelling, against the true characters of the
 training images, used only for this report): clusters per level, largest cluster's share, pair

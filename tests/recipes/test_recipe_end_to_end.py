@@ -330,6 +330,19 @@ def test_hier_recipe_multi_similarity_on_the_poincare_similarity(tmp_path):
     assert main.distance.scale == 2.0 and miner.distance is main.distance and miner.distance._c is recipe.geometry
 
 
+def test_hier_recipe_multi_similarity_hyperparameters(tmp_path):
+    """``--ms-alpha/--ms-beta/--ms-base/--ms-epsilon`` reach MultiSimilarity, its miner and the parent
+    term's copies of both."""
+    instances = []
+    run("hier", "HIER", tmp_path, ["--no-plots", "--hier-weight", "0", "--parent-weight", "0.1",
+                                   "--radial-calibration", "0", "--ms-alpha", "1.5", "--ms-beta", "20",
+                                   "--ms-base", "0.3", "--ms-epsilon", "0.25"], instances=instances)
+    main, parent = instances[0].trainer.loss_funcs["metric_loss"].losses
+    main_miner = instances[0].trainer.loss_funcs["metric_loss"].miners[0]
+    for loss, miner in ((main, main_miner), (parent.loss, parent.miner)):
+        assert (loss.alpha, loss.beta, loss.base) == (1.5, 20.0, 0.3) and miner.epsilon == 0.25
+
+
 def test_hier_recipe_parent_level_term(tmp_path):
     """``--parent-weight w``: MultiSimilarity and its miner on the glyphs' radical labels (the
     dataset's ``super_labels``), on the same similarity as the main loss, weight w; beside HIER,
@@ -389,6 +402,11 @@ def test_training_class_parents_needs_a_parent_level():
     (["--ms-similarity", "euclid"], "invalid choice"),
     (["--main-loss", "pce", "--parent-weight", "0.1"], "--parent-weight needs --main-loss ms"),
     (["--parent-weight", "-1"], "--parent-weight"),
+    (["--main-loss", "pce", "--ms-beta", "20"], "--ms-beta needs --main-loss ms"),
+    (["--main-loss", "pa", "--ms-alpha", "1", "--ms-epsilon", "0"], "--ms-alpha --ms-epsilon need --main-loss ms"),
+    (["--ms-base", "1.5"], "[-1, 1]"),
+    (["--ms-beta", "0"], "> 0"),
+    (["--ms-epsilon", "-0.1"], ">= 0"),
 ])
 def test_hier_recipe_ms_similarity_flag_errors(flags, message, tmp_path, capsys):
     expect_flag_error(load_recipe("hier").HIER, flags, message, tmp_path, capsys)
