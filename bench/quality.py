@@ -57,8 +57,8 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 τ = 0.1: the Sph- baseline) · ``ms`` PML ``MultiSimilarityLoss`` + ``MultiSimilarityMiner`` ·
 ``hypvit`` Hyp-ViT pairwise CE (c = 0.1, τ = 0.2) · ``hms`` MultiSimilarity + miner on the ball
 (``PoincareSimilarity``, 1 − d/T with T = 2·clip_r; ``recipes/hier.py --hier-weight 0``) · ``hier_ms`` HIER's
-recipe (its glyph default: the same plus 0.3·HIER; ``hier_ms_cosine`` on the cosine, the default before stop
-26) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
+recipe (its glyph default: the same plus 0.3·HIER; ``hier_ms_cosine`` on the cosine, the default
+until 2026-11-26) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
 τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
 default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised

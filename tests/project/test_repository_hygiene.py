@@ -15,7 +15,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Built from pieces so that this file does not match its own patterns.
-WORK_STEP = re.compile(r"\b" + "st" + r"op[ _-]?\d+", re.I)
+WORK_STEP = re.compile(r"\b" + "st" + r"op(?:[ _-]?|[ \t]*\n[ \t#*>]*)\d+", re.I)  # also across a line break
 ISSUE_NUMBER = re.compile(r"\b" + "iss" + r"ues? #?\d+\b", re.I)
 # Narrow: never acceptable in the package (a date, a results file, a commit, "measured").
 HISTORY_STRICT = re.compile(
@@ -55,6 +55,10 @@ def test_no_work_step_names_or_internal_issue_numbers_in_files():
         for number, line in enumerate(text.splitlines(), 1):
             if WORK_STEP.search(line) or ISSUE_NUMBER.search(line):
                 offenders.append(f"{name}:{number}: {line.strip()[:100]}")
+        for match in WORK_STEP.finditer(text):  # the name wrapped onto the next line
+            if "\n" in match.group(0):
+                number = text.count("\n", 0, match.start()) + 1
+                offenders.append(f"{name}:{number}: {match.group(0)!r}")
     assert offenders == [], "\n".join(offenders[:40])
 
 
