@@ -187,6 +187,14 @@ def _number(value: Any, expected: str) -> float:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
 
 
+def _checked_number(value: Any, expected: str, accept: Callable[[float], bool]) -> float:
+    """``value`` as a float when ``accept`` holds for it (never for NaN), else one error naming ``expected``."""
+    number = _number(value, expected)
+    if not accept(number):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+    return number
+
+
 def positive_float(value: Any) -> float:
     """A rate, scale or temperature: a finite number > 0.
 
@@ -201,10 +209,7 @@ def positive_float(value: Any) -> float:
     Raises:
         argparse.ArgumentTypeError: for a value that is not a finite number > 0 (NaN included).
     """
-    number = _number(value, "a finite number > 0")
-    if not (0 < number < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value!r}")
-    return number
+    return _checked_number(value, "a finite number > 0", lambda x: 0 < x < float("inf"))
 
 
 #: :func:`positive_float` under the name some recipes import.
@@ -223,10 +228,7 @@ def greater_than_one(value: Any) -> float:
     Raises:
         argparse.ArgumentTypeError: for a value that is not a finite number > 1.
     """
-    number = _number(value, "a finite number > 1")
-    if not (1 < number < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 1, got {value!r}")
-    return number
+    return _checked_number(value, "a finite number > 1", lambda x: 1 < x < float("inf"))
 
 
 def nonnegative_float(value: Any) -> float:
@@ -241,10 +243,7 @@ def nonnegative_float(value: Any) -> float:
     Raises:
         argparse.ArgumentTypeError: for a negative, infinite or non-numeric value.
     """
-    number = _number(value, "a finite number >= 0")
-    if not (number >= 0 and number < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value!r}")
-    return number
+    return _checked_number(value, "a finite number >= 0", lambda x: 0 <= x < float("inf"))
 
 
 def unit_fraction(value: Any) -> float:
@@ -277,10 +276,7 @@ def similarity_threshold(value: Any) -> float:
     Raises:
         argparse.ArgumentTypeError: for a value outside [-1, 1] (NaN included).
     """
-    number = _number(value, "a number in [-1, 1]")
-    if not -1 <= number <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [-1, 1], got {value!r}")
-    return number
+    return _checked_number(value, "a number in [-1, 1]", lambda x: -1 <= x <= 1)
 
 
 def optional_positive_float(value: Any) -> Optional[float]:
