@@ -91,8 +91,6 @@ class HIER(RecipeCommandLine):
 
         a = self.args
         if a.main_loss == "ms":
-            from pytorch_metric_learning.losses import MultiSimilarityLoss
-
             main, miner = self.multi_similarity_loss(), self.multi_similarity_miner()
         elif a.main_loss == "pa":
             from pml_hyperbolic.training.runner import training_class_count
