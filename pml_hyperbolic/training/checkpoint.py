@@ -260,14 +260,29 @@ def describe_config_difference(saved: Dict, current: Dict) -> str:
     return "\n".join(rows)
 
 
-def check_compatible(checkpoint: Dict, config: Dict, path: str) -> None:
-    """Refuse to resume a checkpoint written under different settings (say which, and what to do)."""
+def check_compatible(checkpoint: Dict, config: Dict, path: str, flag_defaults: Optional[Dict] = None) -> None:
+    """Refuse to resume a checkpoint written under different settings (say which, and what to do).
+
+    Args:
+        checkpoint: the loaded checkpoint (its ``config_fingerprint``).
+        config: this run's settings.
+        path: the checkpoint's path, for the message.
+        flag_defaults: each flag's default. A setting the checkpoint does not record (a flag added
+            after it was written) counts as unchanged when this run leaves it at that default, the
+            behaviour the flag was added with; without ``flag_defaults`` every setting must match.
+
+    Raises:
+        ConfigError: no fingerprint, or settings that differ.
+    """
     saved = checkpoint.get("config_fingerprint")
     if saved is None:
         raise ConfigError(f"{path} is not a pml-hyperbolic training checkpoint (no config fingerprint).")
-    current = config_fingerprint(config)
     # JSON-like normalisation: tuples vs lists must not count as a difference.
-    norm = lambda d: {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}  # noqa: E731
+    as_list = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
+    norm = lambda d: {k: as_list(v) for k, v in d.items()}  # noqa: E731
+    defaults = flag_defaults or {}
+    current = {k: v for k, v in config_fingerprint(config).items()
+               if k in saved or k not in defaults or as_list(v) != as_list(defaults[k])}
     if norm(saved) != norm(current):
         raise ConfigError(
             f"checkpoint {path} was written with a different configuration:\n"
@@ -284,11 +299,13 @@ class CheckpointManager:
         config: the run's configuration; its fingerprint is saved, and a checkpoint written under
             another one is refused at load.
         enabled: False writes nothing.
+        flag_defaults: each flag's default, for :func:`check_compatible`.
     """
 
-    def __init__(self, run_dir: str, config: Dict, enabled: bool = True):
+    def __init__(self, run_dir: str, config: Dict, enabled: bool = True, flag_defaults: Optional[Dict] = None):
         self.run_dir = run_dir
         self.config = config
+        self.flag_defaults = flag_defaults
         self.enabled = enabled
         self.last_path = os.path.join(run_dir, "last.pt")
         self.best_path = os.path.join(run_dir, "best.pt")
@@ -354,7 +371,7 @@ class CheckpointManager:
             raise ConfigError(message if message.startswith("--resume") else "--resume: " + message) from None
         if not isinstance(checkpoint, dict):
             raise ConfigError(f"{path} is not a pml-hyperbolic training checkpoint (no config fingerprint).")
-        check_compatible(checkpoint, self.config, path)
+        check_compatible(checkpoint, self.config, path, self.flag_defaults)
         return checkpoint
 
 

@@ -109,6 +109,26 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     assert "different configuration" in err and "lr" in err and "--output-dir" in err
 
 
+def test_a_checkpoint_from_before_a_flag_resumes_at_the_flags_default(tmp_path, capsys):
+    """A checkpoint that does not record a flag (written before the flag existed) resumes when the run
+    leaves that flag at its default, and is refused when the run sets it to another value."""
+    from pml_hyperbolic.training.checkpoint import atomic_torch_save, read_checkpoint
+
+    HypViT = load_recipe("hyp_vit").HypViT
+    out = tmp_path / "run"
+    HypViT.main(TINY + ["--no-plots", "--eval-before", "false", "--output-dir", str(out)])
+    old = read_checkpoint(str(out / "last.pt"))
+    assert old["config_fingerprint"]["hier_weight"] == 0.0  # the flag's default
+    del old["config_fingerprint"]["hier_weight"]
+    atomic_torch_save(old, str(out / "last.pt"))
+    with pytest.raises(SystemExit) as exit_info:
+        HypViT.main(TWO_EPOCHS + ["--no-plots", "--eval-before", "false", "--output-dir", str(out), "--resume",
+                                  "--hier-weight", "0.5"])
+    assert exit_info.value.code == 2 and "hier_weight" in capsys.readouterr().err
+    HypViT.main(TWO_EPOCHS + ["--no-plots", "--eval-before", "false", "--output-dir", str(out), "--resume"])
+    assert read_checkpoint(str(out / "last.pt"))["epoch"] == 2
+
+
 def test_torchrun_two_processes_gloo(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if torchrun is None:

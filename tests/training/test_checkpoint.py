@@ -41,6 +41,22 @@ def test_different_config_is_refused_with_the_differing_keys():
     assert "lr" in msg and "different configuration" in msg and "--output-dir" in msg
 
 
+def test_a_flag_added_after_the_checkpoint_resumes_at_its_default_only():
+    """A checkpoint from before a flag existed resumes when the run leaves the flag at its default
+    (the behaviour it was added with); a value other than the default, or no defaults given, is refused."""
+    ckpt = {"config_fingerprint": config_fingerprint({"lr": 3e-5, "levels": [512]})}
+    defaults = {"lr": 1e-3, "levels": None, "ms_beta": 50.0, "steps": (3, 15)}
+    check_compatible(ckpt, {"lr": 3e-5, "levels": [512], "ms_beta": 50.0, "steps": [3, 15]}, "x.pt", defaults)
+    for changed in ({"ms_beta": 20.0}, {"steps": [3, 16]}):
+        with pytest.raises(ConfigError, match=next(iter(changed))):
+            check_compatible(ckpt, {"lr": 3e-5, "levels": [512], "ms_beta": 50.0, "steps": [3, 15], **changed},
+                             "x.pt", defaults)
+    with pytest.raises(ConfigError, match="ms_beta"):
+        check_compatible(ckpt, {"lr": 3e-5, "levels": [512], "ms_beta": 50.0}, "x.pt")
+    with pytest.raises(ConfigError, match="lr"):  # a recorded setting must still match, default or not
+        check_compatible(ckpt, {"lr": 1e-3, "levels": [512], "ms_beta": 50.0}, "x.pt", defaults)
+
+
 def test_resume_without_checkpoint_says_what_to_do(tmp_path):
     manager = CheckpointManager(str(tmp_path), {})
     with pytest.raises(ConfigError, match="drop --resume"):
