@@ -687,6 +687,19 @@ def _coerce(parser: argparse.ArgumentParser, dest: str, value):
     return value
 
 
+def flag_defaults(parser: argparse.ArgumentParser) -> Dict:
+    """Each flag's default, by ``dest`` (``--help`` and other flags without a default left out).
+
+    Args:
+        parser: a recipe's parser.
+
+    Returns:
+        ``{dest: default}``.
+    """
+    return {action.dest: action.default for action in parser._actions
+            if action.dest != argparse.SUPPRESS and action.default != argparse.SUPPRESS}
+
+
 def explicit_keys(parser_factory: Callable[[], argparse.ArgumentParser], argv: Sequence[str]) -> set:
     """The ``dest`` names the user typed on the command line.
 

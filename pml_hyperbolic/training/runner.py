@@ -151,9 +151,9 @@ class Recipe(RecipeDataMixin, RecipeModelMixin, RecipeOptimisationMixin, RecipeR
         config = cfg.config_to_dict(a)
         config["dataset_resolved"] = self.dataset_name
         self.config = config
-        parser = self.make_parser()
-        flag_defaults = {key: parser.get_default(key) for key in config}
-        checkpoints = CheckpointManager(self.run_dir, config, enabled=self.ctx.is_main, flag_defaults=flag_defaults)
+        # a checkpoint written before a flag existed resumes at that flag's default (built only to resume)
+        defaults = cfg.flag_defaults(self.make_parser()) if a.resume else None
+        checkpoints = CheckpointManager(self.run_dir, config, enabled=self.ctx.is_main, flag_defaults=defaults)
         resume_path = checkpoints.resolve(a.resume)
         # read before anything is written: a checkpoint that cannot be used leaves no run folder behind
         checkpoint = checkpoints.load(resume_path) if resume_path else None

@@ -57,6 +57,18 @@ def test_a_flag_added_after_the_checkpoint_resumes_at_its_default_only():
         check_compatible(ckpt, {"lr": 1e-3, "levels": [512], "ms_beta": 50.0}, "x.pt", defaults)
 
 
+def test_flag_defaults_lists_every_flag_with_a_default():
+    import argparse
+
+    from pml_hyperbolic.training.config import flag_defaults
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms-beta", type=float, default=50.0)
+    parser.add_argument("--levels", type=int, nargs="+", default=None)
+    parser.add_argument("--quiet", action="store_true")
+    assert flag_defaults(parser) == {"ms_beta": 50.0, "levels": None, "quiet": False}
+
+
 def test_resume_without_checkpoint_says_what_to_do(tmp_path):
     manager = CheckpointManager(str(tmp_path), {})
     with pytest.raises(ConfigError, match="drop --resume"):
