@@ -16,14 +16,13 @@ report Recall@K.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import (BUNDLED_DATASETS, finite_positive_float, greater_than_one,
-                                            nonnegative_float, nonnegative_int, positive_int)
+from pml_hyperbolic.training.config import (BUNDLED_DATASETS, greater_than_one,
+                                            nonnegative_float, nonnegative_int, positive_int, set_flag_defaults)
 from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
 from pml_hyperbolic.training.presets import DEFAULT_UNSUPERVISED_HEAD_INIT, DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE
 from pml_hyperbolic.training.presets import HIER_MARGIN_GLYPH_HEAD_LR
-from pml_hyperbolic.training.presets import UNSUPERVISED_HEAD_INITS as HEAD_INITS
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}
@@ -43,6 +42,8 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
             # the margin loss's head rate, chosen on glyph validation carves (docs/design/recipe-defaults.md);
             # the icons reuse it, as they reuse the rest of the glyph preset
             preset["head_lr"] = HIER_MARGIN_GLYPH_HEAD_LR
+        if args.supervised:
+            preset["head_init"] = "random"  # the warm start belongs to the pseudo-label training
         return preset
 
     @classmethod
@@ -78,16 +79,13 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
         g.add_argument("--paper-pseudo-labels", action="store_true",
                        help="Yan et al.'s pseudo-labels (average linkage, levels "
                             f"{' '.join(map(str, PAPER_PSEUDO_LEVELS))}, features then embeddings).")
-        g.add_argument("--head-init", choices=HEAD_INITS, default=DEFAULT_UNSUPERVISED_HEAD_INIT,
-                       help="Start of the head's linear layer: 'random' (the paper) or 'whiten' (PCA whitening of "
-                            "the trunk outputs, no label used). Unused with --supervised.")
-        g.add_argument("--head-init-scale", type=finite_positive_float, default=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE,
-                       help="--head-init whiten: the weight's norm in units of the random init's (larger: "
-                            "smaller steps around it).")
         g.add_argument("--omega", type=greater_than_one, default=1.2,
                        help="Ω > 1 of the log-ratio loss (the paper: 10).")
         g.add_argument("--gamma", type=nonnegative_float, default=0.05,
                        help="--supervised: margin offset γ of HierarchicalMarginLoss.")
+        # the head's warm start (shared flags): on by default here, off by default with --supervised
+        set_flag_defaults(parser, head_init=DEFAULT_UNSUPERVISED_HEAD_INIT,
+                          head_init_scale=DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE)
 
     # ---- data: hide the labels ----
     def train_dataset(self, dataset):

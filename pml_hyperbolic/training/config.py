@@ -20,6 +20,8 @@ import json
 import os
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
+from .presets import DEFAULT_HEAD_INIT_SCALE, HEAD_INITS
+
 #: Canonical dataset names of :func:`pml_hyperbolic.data.build_dataset`, with the short CLI aliases.
 DATASET_ALIASES = {
     "cars": "cars196", "cars196": "cars196",
@@ -521,6 +523,12 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_dataset: st
                             "(DegradedCopyRadiusLoss; 0 = off); needs --head-radius learned.")
         g.add_argument("--degraded-copy-margin", type=nonnegative_float, default=0.2, metavar="M",
                        help="Gap in distance to the origin between an image and its degraded copy.")
+    g.add_argument("--head-init", choices=HEAD_INITS, default="random",
+                   help="Start of the head's linear layer: 'random' (its own init) or 'whiten' (PCA whitening "
+                        "of the training images' backbone features, no label used).")
+    g.add_argument("--head-init-scale", type=positive_float, default=DEFAULT_HEAD_INIT_SCALE, metavar="S",
+                   help="--head-init whiten: the weight's norm in units of the random init's (larger: smaller "
+                        "steps around the start).")
     g.add_argument("--freeze-trunk", type=str2bool, default=False, metavar="BOOL",
                    help="Train only the head (the backbone stays frozen, in eval mode).")
     g.add_argument("--freeze-patch-embed", type=str2bool, default=True, metavar="BOOL",
@@ -715,6 +723,26 @@ def explicit_keys(parser_factory: Callable[[], argparse.ArgumentParser], argv: S
         if action.dest != "help":
             action.default = argparse.SUPPRESS
     return set(vars(parser.parse_args(list(argv))).keys())
+
+
+def set_flag_defaults(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Change the defaults of flags already on ``parser`` (a recipe's own default of a shared flag).
+
+    Unlike ``parser.set_defaults`` it changes the flags themselves, so ``--help`` shows the new
+    default and :func:`parse_config` still tells a value the user gave from a default.
+
+    Args:
+        parser: the recipe's parser.
+        **defaults: flag destination (``head_init``) → its new default.
+
+    Raises:
+        KeyError: a destination that is no flag of ``parser``.
+    """
+    actions = {action.dest: action for action in parser._actions}
+    for dest, value in defaults.items():
+        if dest not in actions:
+            raise KeyError(f"no flag with destination {dest!r}")
+        actions[dest].default = value
 
 
 def parse_config(parser_factory: Callable[[], argparse.ArgumentParser], argv: Optional[Sequence[str]] = None,

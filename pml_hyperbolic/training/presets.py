@@ -10,7 +10,8 @@ from __future__ import annotations
 
 __all__ = ["HYP_VIT_PRESETS", "HYP_MIX_PRESETS", "HYP_UML_PRESETS", "PAPER_PSEUDO_LEVELS", "DEFAULT_PSEUDO_LEVELS",
            "PSEUDO_LABEL_LINKAGES", "PSEUDO_LABEL_SOURCES", "UNSUPERVISED_HEAD_INITS",
-           "DEFAULT_UNSUPERVISED_HEAD_INIT", "DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE", "HCL_PAPER_HYPERBOLIC_WEIGHT",
+           "DEFAULT_UNSUPERVISED_HEAD_INIT", "DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE", "HEAD_INITS",
+           "DEFAULT_HEAD_INIT_SCALE", "HCL_PAPER_HYPERBOLIC_WEIGHT",
            "HCL_GLYPH_TRUNK_LR", "HCL_GLYPH_HYPERBOLIC_WEIGHT", "HCL_GLYPH_QUEUE_SIZE", "HCL_GLYPH_CHOICE_COMMAND",
            "GLYPH_VIEW_AUGMENTATIONS", "HCL_GLYPH_VIEW_AUGMENTATION", "HIER_MARGIN_GLYPH_HEAD_LR"]
 
@@ -20,11 +21,15 @@ PAPER_PSEUDO_LEVELS = (100, 70, 40, 10)   # Yan et al. Table 2, K = 4
 DEFAULT_PSEUDO_LEVELS = (512,)            # chosen on the glyph validation split (training.pseudo_labels)
 PSEUDO_LABEL_LINKAGES = ("ward", "average")
 PSEUDO_LABEL_SOURCES = ("features", "features_then_embeddings", "embeddings")
-# Warm start of the unsupervised recipe's head (``training.pseudo_labels.whitening_head_init``):
-# "random" = the head's own (semi-)orthogonal init (the paper), "whiten" = PCA whitening of the
-# training images' trunk outputs; the scale sets the AdamW step's reach around it. Defaults chosen
-# with the levels above on the glyph validation split (training.pseudo_labels has the table).
-UNSUPERVISED_HEAD_INITS = ("random", "whiten")
+# Warm start of a recipe's head (--head-init, ``training.pseudo_labels.whitening_head_init``):
+# "random" = the head's own (semi-)orthogonal init (the papers'), "whiten" = PCA whitening of the
+# training images' trunk outputs; the scale (in units of the random init's norm) sets the AdamW step's
+# reach around it. Every recipe takes the flags; the unsupervised recipe's defaults were chosen with the
+# levels above on the glyph validation split (training.pseudo_labels has the table), the HIER recipe's
+# on validation carves of three domains (docs/design/heads.md).
+HEAD_INITS = ("random", "whiten")
+DEFAULT_HEAD_INIT_SCALE = 1.0
+UNSUPERVISED_HEAD_INITS = HEAD_INITS
 DEFAULT_UNSUPERVISED_HEAD_INIT = "whiten"
 DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0
 

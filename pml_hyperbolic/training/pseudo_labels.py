@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from ..geometry import DEFAULT_CURVATURE, as_geometry
+from ..heads.whitening import DEFAULT_WHITENING_HEAD_INIT_SCALE, whitening_head_init  # noqa: F401 (re-exported)
+from ..heads.whitening import principal_axes as _principal_axes
 from .presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
-from .presets import UNSUPERVISED_HEAD_INITS as HEAD_INITS
 from .presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from .presets import PSEUDO_LABEL_SOURCES as SOURCES
 
@@ -143,16 +144,6 @@ def linkage_levels(points: Any, levels: Sequence[int], method: str = "ward",
     return _compact(np.stack([fcluster(z, k, criterion="maxclust") for k in levels], 1))
 
 
-def _principal_axes(features):
-    """A thin SVD of the centred float64 ``features`` (N × F): ``(mean, u, s, vt, rank)``, the rank
-    counting singular values above 1e-10 of the largest (memory ~2 × N × F × 8 bytes)."""
-    x = torch.as_tensor(features).detach().cpu().double()
-    mean = x.mean(0)
-    u, s, vt = torch.linalg.svd(x - mean, full_matrices=False)
-    rank = int((s > s[0] * 1e-10).sum()) if s.numel() else 0
-    return mean, u, s, vt, rank
-
-
 def pca_whiten(features: Any, dim: int) -> torch.Tensor:
     """PCA whitening: the centred features on their top principal directions at unit variance.
 
@@ -218,70 +209,6 @@ def merge_small_clusters(labels: Any, points: Any, min_size: int) -> np.ndarray:
         target = big[np.argmin(((centroids[big] - centroids[c]) ** 2).sum(1))]
         labels[fine == c] = labels[first[target]]
     return _compact(labels)
-
-
-DEFAULT_WHITENING_HEAD_INIT_SCALE = 100.0
-
-
-def whitening_head_init(linear: torch.nn.Linear, features: Any,
-                        scale: float = DEFAULT_WHITENING_HEAD_INIT_SCALE) -> int:
-    r"""Warm-start an embedding head's linear layer (F → D) as the PCA whitening of ``features``.
-
-    .. math:: W_{i\cdot} = \frac{v_i^\top}{\sigma_i}, \qquad b = -W\mu, \qquad
-              W \leftarrow \text{scale}\cdot\sqrt{\min(D, F)}\,\frac{W}{\|W\|_F}
-
-    with :math:`v_i, \sigma_i` the i-th principal direction and standard deviation of the features
-    and :math:`\mu` their mean, so ``linear(f)`` is the centred ``f`` on its top D principal
-    directions at equal variance (:func:`pca_whiten` up to the overall scale). Rows beyond the
-    features' rank are zero. No label is used. Why the rescaling: the head's output direction does
-    not depend on the weight's scale, so ``scale`` sets how far one optimiser step moves it (a larger
-    scale, a smaller step: a trust region around the warm start for AdamW). Why the default is 100
-    (``DEFAULT_WHITENING_HEAD_INIT_SCALE``): trained from this start on noisy pseudo-labels the head
-    otherwise drifts below the features it starts from; chosen on validation classes of three domains
-    for both the pseudo-label and the hierarchical-margin training (the unsupervised recipe sets its
-    own scale).
-
-    Args:
-        linear: the head's ``torch.nn.Linear`` (with a bias); modified in place (same Parameter
-            objects, so optimisers built before still hold them).
-        features: (N ≥ 2, F) trunk outputs on the training images, finite.
-        scale: multiple of the default (semi-)orthogonal init's Frobenius norm, √min(D, F); > 0;
-            default 100.
-
-    Returns:
-        The number of whitened rows, min(D, rank).
-
-    Raises:
-        ValueError: ``linear`` is not a Linear with a bias, bad ``scale``, features of the wrong
-            shape, NaN/Inf, or rank 0.
-
-    Design note: docs/design/pseudo-labels.md
-    """
-    if not isinstance(linear, torch.nn.Linear) or linear.bias is None:
-        raise ValueError(f"linear must be a torch.nn.Linear with a bias (it centres the features), "
-                         f"got {linear!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
-    f = torch.as_tensor(features).detach().cpu().double()
-    if f.ndim != 2 or f.shape[1] != linear.in_features or f.shape[0] < 2:
-        raise ValueError(f"features must have shape (N >= 2, {linear.in_features}), got {tuple(f.shape)}")
-    if not torch.isfinite(f).all():
-        raise ValueError("features contain NaN/Inf")
-    # the thin SVD of pca_whiten, not an eigendecomposition of the covariance (which flips signs and
-    # rounds differently): the defaults were chosen with this one (docs/design/pseudo-labels.md)
-    mean, _, s, vt, rank = _principal_axes(f)
-    if rank < 1:
-        raise ValueError("features have rank 0: nothing to whiten")
-    out = linear.out_features
-    k = min(out, rank)
-    weight = torch.zeros(out, f.shape[1], dtype=torch.float64)
-    weight[:k] = vt[:k] / s[:k, None] * np.sqrt(f.shape[0] - 1)
-    weight *= float(scale) * np.sqrt(min(out, f.shape[1])) / weight.norm()
-    with torch.no_grad():
-        linear.weight.copy_(weight.to(linear.weight.dtype))
-        linear.bias.copy_((-(weight @ mean)).to(linear.bias.dtype))
-    return k
 
 
 class UnsupervisedPseudoLabels:
@@ -451,48 +378,14 @@ class PseudoLabelTraining:
     The recipe provides ``pseudo_labels()`` (its :class:`UnsupervisedPseudoLabels` policy, built from
     its arguments) and wraps its training set in :class:`PseudoLabelledDataset`; this mixin clusters
     at step 0 and at the start of every epoch, and rebuilds the class-balanced sampler on the new
-    finest-level labels. Before the first clustering, ``args.head_init == "whiten"`` warm-starts the
-    head (:meth:`warm_start_head`; the trunk outputs are computed once for both); recipes without
-    that argument keep their head as built. With ``args.supervised`` it stays out of the way (real
-    labels, no warm start).
+    finest-level labels. The runner warm-starts the head before the first clustering
+    (``--head-init``, :meth:`~.recipe_model.RecipeModelMixin.warm_start_head`; the trunk outputs are
+    computed once for both). With ``args.supervised`` it stays out of the way (real labels).
 
     Design note: docs/design/pseudo-labels.md
     """
 
     _labels_step = None
-    _step0_features = None
-
-    def _training_features(self):
-        """Trunk outputs of the training images (clean transform); at step 0 computed once and shared
-        by the head's warm start and the first clustering."""
-        from .runner import compute_embeddings
-
-        if self._step0_features is not None:
-            return self._step0_features
-        return compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
-                                  self.args.eval_batch_size)
-
-    def warm_start_head(self) -> None:
-        """``--head-init whiten``: the head's linear layer starts as the PCA whitening of the training
-        images' trunk outputs (:func:`whitening_head_init`, no label used); ``random``: left as built.
-
-        Raises:
-            ValueError: unknown ``head_init``, or a head without a ``.linear`` layer.
-        """
-        mode = getattr(self.args, "head_init", None)
-        if mode in (None, "random"):
-            return
-        if mode not in HEAD_INITS:
-            raise ValueError(f"head_init must be one of {HEAD_INITS}, got {mode!r}")
-        from .checkpoint import unwrap
-
-        linear = getattr(unwrap(self.head), "linear", None)
-        if not isinstance(linear, torch.nn.Linear):
-            raise ValueError(f"--head-init {mode} needs a head with a .linear layer, "
-                             f"got {type(unwrap(self.head)).__name__}")
-        k = whitening_head_init(linear, self._training_features(), scale=self.args.head_init_scale)
-        self.say(f"[pseudo-labels] head warm start: PCA whitening of the training features ({k} of "
-                 f"{linear.out_features} rows, scale {self.args.head_init_scale:g})")
 
     def relabel(self, step: int) -> None:
         """Cluster the training set into the K-level pseudo-labels (once per ``step``).
@@ -510,7 +403,7 @@ class PseudoLabelTraining:
             emb = compute_embeddings(self.trunk, self.head, self.train_eval_set, self.device,
                                      self.args.eval_batch_size)
         if policy.uses_features():
-            feats = self._training_features()
+            feats = self.training_features()
         labels = policy(features=feats, embeddings=emb)
         self.train_set.set_labels(labels)
         self._labels_step = step
@@ -521,13 +414,7 @@ class PseudoLabelTraining:
         """The class-balanced sampler over the step-0 pseudo-labels (``labels`` when supervised)."""
         if self.args.supervised:
             return super().build_sampler(labels, per_rank_batch)
-        if getattr(self.args, "head_init", None) not in (None, "random"):
-            self._step0_features = self._training_features()  # shared by the warm start and relabel(0)
-        try:
-            self.warm_start_head()
-            self.relabel(0)
-        finally:
-            self._step0_features = None
+        self.relabel(0)
         self._per_rank_batch = per_rank_batch
         return super().build_sampler(self.train_set.labels[:, 0], per_rank_batch)
 

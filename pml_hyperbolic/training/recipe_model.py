@@ -144,6 +144,43 @@ class RecipeModelMixin:
         self.setup_geometry(lambda: backbone_features(self.trunk, self.train_eval_set, self.device, seed=a.seed))
         self.head = self.build_head(dim).to(self.device)
 
+    _step0_features: Optional[torch.Tensor] = None
+
+    def training_features(self) -> torch.Tensor:
+        """Trunk outputs of the training images (clean transform). While the run is being set up
+        (``self._step0_features`` held by the runner) they are computed once and shared, e.g. by the
+        head's warm start and the first pseudo-labelling."""
+        if self._step0_features is not None:
+            return self._step0_features
+        return compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
+                                  self.args.eval_batch_size)
+
+    def warm_start_head(self) -> None:
+        """``--head-init whiten``: the head's linear layer starts as the PCA whitening of the training
+        images' trunk outputs (:func:`~pml_hyperbolic.heads.whitening_head_init` at ``--head-init-scale``; no
+        label is used); ``random`` leaves the head as built. Why: a random projection of the features
+        starts below them on classes never trained on; the principal directions keep what the
+        features share across classes (docs/design/heads.md).
+
+        Raises:
+            ConfigError: ``--head-init whiten`` with a head that has no ``.linear`` layer.
+        """
+        mode = getattr(self.args, "head_init", "random")
+        if mode == "random":
+            return
+        if mode != "whiten":
+            raise ConfigError(f"--head-init must be 'random' or 'whiten', got {mode!r}")
+        from ..heads import whitening_head_init
+
+        linear = getattr(unwrap(self.head), "linear", None)
+        if not isinstance(linear, torch.nn.Linear) or linear.bias is None:
+            raise ConfigError(f"--head-init whiten needs a head with a .linear layer with a bias, got "
+                              f"{type(unwrap(self.head)).__name__}; use --head-init random")
+        self.status("--head-init whiten: computing the training images' backbone features ...")
+        k = whitening_head_init(linear, self.training_features(), scale=self.args.head_init_scale)
+        self.say(f"[pml-hyperbolic] head warm start: PCA whitening of the training features ({k} of "
+                 f"{linear.out_features} rows, scale {self.args.head_init_scale:g})")
+
     def channels_last(self) -> bool:
         """``--memory-format``: whether the backbone runs channels-last ('auto': on CPU only, where
         oneDNN's convolutions are native NHWC; the printed Recall@K does not change)."""

@@ -169,7 +169,14 @@ class Recipe(RecipeDataMixin, RecipeModelMixin, RecipeOptimisationMixin, RecipeR
         freeze_long_lived_objects()  # timm's modules, the backbone
         loss_funcs, miner, optimizers, trainer_class, trainer_kwargs = self.build_training_parts()
         labels = dataset_labels(self.train_set)
-        sampler = self.build_sampler(labels, per_rank_batch)
+        if getattr(a, "head_init", "random") != "random":
+            self._step0_features = self.training_features()  # shared by the warm start and the first labels
+        try:
+            # also when resuming (the checkpoint then replaces the head): the first labels see the same head
+            self.warm_start_head()
+            sampler = self.build_sampler(labels, per_rank_batch)
+        finally:
+            self._step0_features = None
 
         tester = build_tester(self.eval_curvature(), a.k_values, a.eval_batch_size, self.device, a.num_workers,
                               use_trunk_output=not self.evaluate_head)
