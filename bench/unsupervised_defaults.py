@@ -13,9 +13,9 @@ backbone frozen), a ``HyperbolicEmbeddingHead(1280)`` with its defaults trained 
 
 * ``raw``: the pooled features themselves, cosine kNN (the starting point every row is paired with);
 * ``head``: the untrained head (Poincaré kNN), a random 1280 → 128 projection;
-* ``head_whiten``: the untrained head after ``training.pseudo_labels.whitening_head_init`` at its
-  defaults (the head's linear layer set to the PCA whitening of the training features; no label
-  used): the warm start of the ``*_whiten`` rows;
+* ``head_whiten``: the untrained head after ``pml_hyperbolic.heads.whitening_head_init`` at scale
+  ``WHITEN_SCALE`` (100, the trust region chosen for these components; the head's linear layer set to
+  the PCA whitening of the training features; no label used): the warm start of the ``*_whiten`` rows;
 * ``unsup``: ``HierarchicalPseudoLabeler()`` (its defaults) clusters the head's embeddings of the clean
   training views at step 0 and every ``--recluster-every`` steps; ``HierarchicalLogRatioLoss()`` (its
   defaults, ``--loss-kwargs`` adds keyword arguments) trains on all K columns; no label is used;
@@ -56,12 +56,15 @@ def _max_d0(head):
     return float(geo.max_dist0()) if geo.clip_r is not None else float("inf")
 
 
-def warm_start(head, features, scale=None):
-    """The head's linear layer set by ``whitening_head_init`` (no label used), at its default scale
-    unless ``scale`` is given."""
-    from pml_hyperbolic.training.pseudo_labels import whitening_head_init
+WHITEN_SCALE = 100.0  # the *_whiten rows' scale (docs/design/pseudo-labels.md chose it for these components)
 
-    whitening_head_init(head.linear, features, **({} if scale is None else {"scale": scale}))
+
+def warm_start(head, features, scale=None):
+    """The head's linear layer set by ``whitening_head_init`` (no label used), at ``WHITEN_SCALE``
+    unless ``scale`` is given."""
+    from pml_hyperbolic.heads import whitening_head_init
+
+    whitening_head_init(head.linear, features, scale=WHITEN_SCALE if scale is None else scale)
     return head
 
 
@@ -182,7 +185,7 @@ def parse_args(argv=None):
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
     p.add_argument("--whiten-scale", type=float, default=None,
-                   help="scale of whitening_head_init for the *_whiten rows (default: whitening_head_init's own default)")
+                   help=f"scale of whitening_head_init for the *_whiten rows (default: {WHITEN_SCALE:g})")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cache", action="store_true")
     a = p.parse_args(argv)
@@ -207,7 +210,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     print(f"# bench/unsupervised_defaults.py: {cfg.describe()}; split {a.split}; re-clustering every "
           f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; whitening scale "
-          f"{a.whiten_scale if a.whiten_scale is not None else 'default'}")
+          f"{a.whiten_scale if a.whiten_scale is not None else WHITEN_SCALE:g}")
     print(f"machine: {qc.machine_line()}")
     results = []
     for name in a.datasets.split(","):

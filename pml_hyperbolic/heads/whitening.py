@@ -20,7 +20,7 @@ def principal_axes(features: Any):
     return mean, u, s, vt, rank
 
 
-DEFAULT_WHITENING_HEAD_INIT_SCALE = 100.0
+DEFAULT_WHITENING_HEAD_INIT_SCALE = 1.0
 
 
 def whitening_head_init(linear: torch.nn.Linear, features: Any,
@@ -35,20 +35,19 @@ def whitening_head_init(linear: torch.nn.Linear, features: Any,
     directions at equal variance (``training.pseudo_labels.pca_whiten`` up to the overall scale). Rows beyond the
     features' rank are zero. No label is used. Why the rescaling: the head's output direction does
     not depend on the weight's scale, so ``scale`` sets how far one optimiser step moves it (a larger
-    scale, a smaller step: a trust region around the warm start for AdamW). Why the default is 100
-    (``DEFAULT_WHITENING_HEAD_INIT_SCALE``): trained from this start on noisy pseudo-labels the head
-    otherwise drifts below the features it starts from; chosen on validation classes of three domains
-    for both the pseudo-label and the hierarchical-margin training. Trained on real labels with a
-    pair loss, scale 1 (the random init's own norm) keeps the start and lets the loss move it: the
-    recipes' ``--head-init whiten`` uses that (``training.presets.DEFAULT_HEAD_INIT_SCALE``; the
-    unsupervised recipe sets 10).
+    scale, a smaller step: a trust region around the warm start for AdamW). The default 1
+    (``DEFAULT_WHITENING_HEAD_INIT_SCALE``, the random init's own norm) keeps the start and lets a
+    loss on real labels move it, as the recipes' ``--head-init whiten`` does; on noisy pseudo-labels
+    a larger scale keeps the head near the start, which otherwise drifts below the features it
+    starts from (the unsupervised recipe uses 10; the component bench of docs/design/pseudo-labels.md,
+    100).
 
     Args:
         linear: the head's ``torch.nn.Linear`` (with a bias); modified in place (same Parameter
             objects, so optimisers built before still hold them).
         features: (N ≥ 2, F) trunk outputs on the training images, finite.
         scale: multiple of the default (semi-)orthogonal init's Frobenius norm, √min(D, F); > 0;
-            default 100.
+            default 1.
 
     Returns:
         The number of whitened rows, min(D, rank).

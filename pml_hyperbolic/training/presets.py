@@ -28,7 +28,7 @@ PSEUDO_LABEL_SOURCES = ("features", "features_then_embeddings", "embeddings")
 # levels above on the glyph validation split (training.pseudo_labels has the table), the HIER recipe's
 # on validation carves of three domains (docs/design/heads.md).
 HEAD_INITS = ("random", "whiten")
-DEFAULT_HEAD_INIT_SCALE = 1.0
+DEFAULT_HEAD_INIT_SCALE = 1.0  # = heads.whitening.DEFAULT_WHITENING_HEAD_INIT_SCALE (torch-free here)
 UNSUPERVISED_HEAD_INITS = HEAD_INITS
 DEFAULT_UNSUPERVISED_HEAD_INIT = "whiten"
 DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE = 10.0

@@ -35,11 +35,12 @@ def test_every_bank_dataset_is_accepted():
     assert ud.parse_args(["--datasets", ",".join(qc.BANK_DATASETS)]).datasets.split(",") == list(qc.BANK_DATASETS)
 
 
-def test_warm_start_uses_the_helpers_default_scale_unless_given():
+def test_warm_start_uses_the_benchs_scale_unless_given():
     import torch
 
     feats = torch.randn(300, 1280, generator=torch.Generator().manual_seed(0)) + 3.0
     default = ud.warm_start(ud._head(), feats).linear.weight.detach().double().norm()
     given = ud.warm_start(ud._head(), feats, 10.0).linear.weight.detach().double().norm()
-    assert float(default) == pytest.approx(100 * 128 ** 0.5, rel=1e-5)  # whitening_head_init's default
+    assert float(default) == pytest.approx(ud.WHITEN_SCALE * 128 ** 0.5, rel=1e-5)
+    assert ud.WHITEN_SCALE == 100.0  # the scale the recorded tables were measured at
     assert float(given) == pytest.approx(10 * 128 ** 0.5, rel=1e-5)

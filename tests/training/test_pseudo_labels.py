@@ -200,8 +200,8 @@ def test_whitening_head_init_more_rows_than_rank():
     linear = torch.nn.Linear(3, 8)
     assert whitening_head_init(linear, x) == 3
     assert torch.count_nonzero(linear.weight[3:]) == 0 and torch.count_nonzero(linear.bias[3:]) == 0
-    # the default scale, 100 × the orthogonal init's norm √min(D, F) = √3
-    assert float(linear.weight.detach().norm()) == pytest.approx(100 * np.sqrt(3), rel=1e-5)
+    # the default scale, 1 × the orthogonal init's norm √min(D, F) = √3
+    assert float(linear.weight.detach().norm()) == pytest.approx(np.sqrt(3), rel=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, match", [
