@@ -13,8 +13,9 @@ features of 1 clean + 3 augmented views per training image), a 128-d head, batch
 AdamW 1e-3 (weight decay 0.01, grad clip 3), 600 steps, seeds 0-4, on every development domain
 (``DEVELOPMENT_DOMAINS``: every bank dataset with a parent level, e.g. the bundled glyphs and icons).
 Rows (``HELDOUT_ROWS``): PML ``SupConLoss`` and ``MultiSimilarityLoss`` on the sphere, Hyp-ViT's pairwise
-CE, MultiSimilarity on ``PoincareSimilarity`` without and with the radial calibration, from a
-whitened warm start (``hms_whiten``, with its sphere control ``ms_whiten``), + HIER, and
+CE, MultiSimilarity on ``PoincareSimilarity`` without and with the radial calibration (from the
+recipe's whitened warm start; ``hms_random`` from a random head, ``ms_whiten`` the sphere from the
+same start), + HIER, and
 ``SupConLoss`` on ``PoincareSimilarity``. The table adds, per domain, each row's paired R@1 difference
 (seed by seed) to the better PML baseline (mean ± sd, seeds won), parent-level R@1 and Spearman(distance,
 tree distance) against SupCon's, the share of test queries at the clip radius of every ball row
@@ -58,7 +59,8 @@ Recall@1/2/4/8 and PML's MAP@R, mean ± std over seeds, in %.
 τ = 0.1: the Sph- baseline) · ``ms`` PML ``MultiSimilarityLoss`` + ``MultiSimilarityMiner`` ·
 ``hypvit`` Hyp-ViT pairwise CE (c = 0.1, τ = 0.2) · ``hms`` MultiSimilarity + miner on the ball
 (``PoincareSimilarity``, 1 − d/T with T = 2·clip_r; ``recipes/hier.py --hier-weight 0``) · ``hms_whiten`` /
-``ms_whiten`` the same and ``ms`` from the head's PCA-whitening warm start (``--head-init whiten``) · ``hier_ms`` HIER's
+``ms_whiten`` ``hms`` (the HIER recipe's bundled-data default since 2026-11-28) and ``ms`` from the head's
+PCA-whitening warm start (``--head-init whiten``), ``hms_random`` ``hms`` from a random head · ``hier_ms`` HIER's
 recipe (its glyph default: the same plus 0.3·HIER; ``hier_ms_cosine`` on the cosine, the default
 until 2026-11-26) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
 τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
@@ -135,10 +137,14 @@ def build_rows():
             ["--radial-calibration", "1", "--ms-similarity", "cosine"]),
         # the Poincaré distance as MultiSimilarity's similarity (distances.PoincareSimilarity, T = 2·clip_r)
         Row("hms", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} + "
-            f"{calibration:g}·radial calibration (c=0.1; recipes/hier.py, no HIER)",
+            f"{calibration:g}·radial calibration, head warm-started from the features' PCA whitening (c=0.1; "
+            "recipes/hier.py, no HIER)",
             ("hier", "HIER"), HMS),
         Row("hms_whiten", f"hms with the head warm-started from the PCA whitening of the training features "
-            f"(--head-init whiten, scale {DEFAULT_HEAD_INIT_SCALE:g})", ("hier", "HIER"), HMS + WHITEN),
+            f"(--head-init whiten, scale {DEFAULT_HEAD_INIT_SCALE:g}; the recipe's default since 2026-11-28, so hms "
+            "itself from then on)", ("hier", "HIER"), HMS + WHITEN),
+        Row("hms_random", "hms from the head's random init (--head-init random: the hms row up to 2026-11-28, "
+            "commit 81c28d8)", ("hier", "HIER"), HMS + ["--head-init", "random"]),
         Row("hms_t_clip", f"MultiSimilarity + miner on the Poincaré similarity 1 − d/{DEFAULT_CLIP_R:g} (T = clip_r, "
             f"half the default) + {calibration:g}·radial calibration (c=0.1; recipes/hier.py)", ("hier", "HIER"),
             HMS + ["--ms-scale", f"{DEFAULT_CLIP_R:g}"]),
@@ -155,8 +161,8 @@ def build_rows():
         Row("ms_parent", f"PML MultiSimilarityLoss + miner (cosine) + {PARENT_WEIGHT:g}·the same on the parent labels "
             "(ParentLabelLoss on the sphere: the control of hms_parent)", "baseline",
             ["--pml-loss", "ms", "--parent-weight", f"{PARENT_WEIGHT:g}"]),
-        Row("ms_whiten", "PML MultiSimilarityLoss + miner (cosine) from the same warm-started head as hms_whiten "
-            "(the control of hms_whiten)", "baseline", ["--pml-loss", "ms"] + WHITEN),
+        Row("ms_whiten", "PML MultiSimilarityLoss + miner (cosine) from the same warm-started head as hms "
+            "(the control of its warm start)", "baseline", ["--pml-loss", "ms"] + WHITEN),
         Row("supcon_ball", f"PML SupConLoss (τ=0.1) on the Poincaré similarity 1 − d/{2 * DEFAULT_CLIP_R:g} (polar head, "
             "c=0.1, no calibration)", "baseline_ball", ["--pml-loss", "supcon", "--radial-calibration", "0"]),
         # = hier_ms since 8a53977 (the flag explicit: the row that chose it, docs/design/records.md)
@@ -213,7 +219,7 @@ QUICK_ROWS = [k for k, r in ROWS.items() if r.kind != "hcl"]
 HELDOUT_PROTOCOL = {"backbone": "tf_efficientnet_lite0", "trainable": "head", "embedding_dim": 128,
                     "batch_size": 256, "samples_per_class": 4, "lr_tail": 1e-3, "lr_head": 1e-3, "steps": 600,
                     "seeds": (0, 1, 2, 3, 4)}
-HELDOUT_ROWS = ("supcon", "ms", "hypvit", "hms_nocal", "hms", "hms_whiten", "ms_whiten", "hms_t_clip", "hier_ms",
+HELDOUT_ROWS = ("supcon", "ms", "hypvit", "hms_nocal", "hms", "hms_random", "ms_whiten", "hms_t_clip", "hier_ms",
                 "hms_parent", "ms_parent", "supcon_ball")
 BASELINES = ("supcon", "ms")  # PML's losses on the sphere: a row is compared with the better of them
 NOT_RECOMMENDED = ("supcon_ball",)  # ball rows measured to show a failure (the docs advise against them)

@@ -24,8 +24,10 @@ MAIN_LOSSES = ("ms", "pa", "pce")
 MS_SIMILARITIES = ("cosine", "poincare")
 PAPER_HIER = {"hier_weight": 1.0, "hier_proxies": 512}  # the paper's proxy count; λ 1 as a starting point
 # chosen on validation characters (docs/design/recipe-defaults.md); the small radial calibration keeps
-# the radius off the clip
-GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03, "ms_similarity": "poincare"}
+# the radius off the clip; the head starts from the PCA whitening of the training features, chosen on
+# validation carves of three domains (docs/design/heads.md)
+GLYPH_HIER = {"hier_weight": 0.3, "hier_proxies": 128, "radial_calibration": 0.03, "ms_similarity": "poincare",
+              "head_init": "whiten"}
 
 
 class HIER(RecipeCommandLine):
