@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pml_hyperbolic.data import ClassBalancedBatchSampler
+from tests.spawned_workers import leave_spawned_worker
 
 
 def make_labels(num_classes=20, low=4, high=12, seed=0):
@@ -144,6 +145,7 @@ def _distributed_sampler_worker(rank, world, init_file, out_dir):
         dist.barrier()  # no rank tears gloo down while the other still uses it (that aborts the other)
     finally:
         dist.destroy_process_group()
+    leave_spawned_worker()
 
 
 def test_real_process_group_ranks_get_distinct_whole_class_batches(tmp_path):

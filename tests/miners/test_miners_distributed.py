@@ -6,6 +6,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from pytorch_metric_learning.utils.distributed import DistributedMinerWrapper
 
+from tests.spawned_workers import leave_spawned_worker
+
 WORLD = 2
 BATCH = 8
 
@@ -55,6 +57,7 @@ def worker(rank, init_file):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave_spawned_worker()
 
 
 def test_distributed_miner_wrapper_two_processes(tmp_path, monkeypatch):

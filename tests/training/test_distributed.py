@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.spawned_workers import leave_spawned_worker
+
 
 def _make_losses():
     from pml_hyperbolic.losses import (HierarchicalLogRatioLoss, HierarchicalMarginLoss, HypMixLoss,
@@ -40,6 +42,7 @@ def _worker(rank, world, port, out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()  # no rank tears gloo down while the other still uses it (that aborts the other)
     dist.destroy_process_group()
+    leave_spawned_worker()
 
 
 def _free_port():

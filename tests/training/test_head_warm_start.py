@@ -8,17 +8,13 @@ import os
 import pytest
 import torch
 
-from pml_hyperbolic.heads import HyperbolicEmbeddingHead
+from pml_hyperbolic.heads import HyperbolicEmbeddingHead, whitening_head_init
+from pml_hyperbolic.training import pseudo_labels
 from pml_hyperbolic.training.config import ConfigError
-from pml_hyperbolic.training.pseudo_labels import whitening_head_init
 from pml_hyperbolic.training.recipe_model import RecipeModelMixin
+from tests.recipes.test_recipe_unsupervised_head_init import TINY  # the tiny end-to-end run settings
 
 RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "recipes")
-TINY = ["--dataset", "glyphs", "--backbone", "test_vit", "--pretrained", "false", "--image-size", "32",
-        "--batch-size", "16", "--samples-per-class", "4", "--steps-per-epoch", "2", "--epochs", "1",
-        "--max-train-samples", "400", "--max-eval-samples", "160", "--eval-batch-size", "160",
-        "--quiet", "--no-tensorboard", "--amp", "off", "--freeze-trunk", "false", "--eval-before", "false",
-        "--no-plots"]
 
 
 def recipe_class(script, name):
@@ -41,6 +37,7 @@ class _Stub(RecipeModelMixin):
 
 
 def test_warm_start_sets_the_whitening_of_the_training_features():
+    assert pseudo_labels.whitening_head_init is whitening_head_init  # still importable from its old home
     torch.manual_seed(0)
     features = torch.randn(50, 12) @ torch.randn(12, 12) + 3.0
     head = HyperbolicEmbeddingHead(12, 4, c=0.1)
