@@ -147,9 +147,9 @@ class RecipeModelMixin:
     _step0_features: Optional[torch.Tensor] = None
 
     def training_features(self) -> torch.Tensor:
-        """Trunk outputs of the training images (clean transform). While the run is being set up
-        (``self._step0_features`` held by the runner) they are computed once and shared, e.g. by the
-        head's warm start and the first pseudo-labelling."""
+        """Trunk outputs of the training images (clean transform). The head's warm start keeps them in
+        ``self._step0_features`` until the runner's set-up ends, so the first pseudo-labelling reuses
+        them instead of computing them again."""
         if self._step0_features is not None:
             return self._step0_features
         return compute_embeddings(self.trunk, torch.nn.Identity(), self.train_eval_set, self.device,
@@ -177,7 +177,8 @@ class RecipeModelMixin:
             raise ConfigError(f"--head-init whiten needs a head with a .linear layer with a bias, got "
                               f"{type(unwrap(self.head)).__name__}; use --head-init random")
         self.status("--head-init whiten: computing the training images' backbone features ...")
-        k = whitening_head_init(linear, self.training_features(), scale=self.args.head_init_scale)
+        self._step0_features = self.training_features()  # released by the runner after the set-up
+        k = whitening_head_init(linear, self._step0_features, scale=self.args.head_init_scale)
         self.say(f"[pml-hyperbolic] head warm start: PCA whitening of the training features ({k} of "
                  f"{linear.out_features} rows, scale {self.args.head_init_scale:g})")
 

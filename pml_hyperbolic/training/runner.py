@@ -169,10 +169,9 @@ class Recipe(RecipeDataMixin, RecipeModelMixin, RecipeOptimisationMixin, RecipeR
         freeze_long_lived_objects()  # timm's modules, the backbone
         loss_funcs, miner, optimizers, trainer_class, trainer_kwargs = self.build_training_parts()
         labels = dataset_labels(self.train_set)
-        if getattr(a, "head_init", "random") != "random":
-            self._step0_features = self.training_features()  # shared by the warm start and the first labels
         try:
-            # also when resuming (the checkpoint then replaces the head): the first labels see the same head
+            # also when resuming (the checkpoint then replaces the head): the first labels see the same head;
+            # the features the warm start computes are shared with the first labels, then released
             self.warm_start_head()
             sampler = self.build_sampler(labels, per_rank_batch)
         finally:

@@ -78,6 +78,9 @@ def test_a_head_without_a_linear_layer_is_one_clear_error():
 def test_flags_on_every_recipe_and_their_defaults():
     from pml_hyperbolic.training.presets import (DEFAULT_HEAD_INIT_SCALE, DEFAULT_UNSUPERVISED_HEAD_INIT,
                                                  DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE)
+    from pml_hyperbolic.heads.whitening import DEFAULT_WHITENING_HEAD_INIT_SCALE
+
+    assert DEFAULT_HEAD_INIT_SCALE == DEFAULT_WHITENING_HEAD_INIT_SCALE  # the torch-free copy of the function's default
 
     for script, name in (("hyp_vit", "HypViT"), ("hyp_uml_cars", "HypUML"), ("hyp_mix", "HypMix")):
         a = recipe_class(script, name).parse(["--dataset", "glyphs"])
