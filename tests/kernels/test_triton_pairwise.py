@@ -275,17 +275,19 @@ def test_half_precision_inputs_accumulate_and_return_float32():
 
 
 @in_interpreter
+@pytest.mark.parametrize("shape", [(5, 4, 3), (7, 6, 5)])
 @pytest.mark.parametrize("y_is_x", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_opcheck(dtype, y_is_x):
+def test_opcheck(dtype, y_is_x, shape):
     # In the interpreter test_aot_dispatch_dynamic is left out: under AOT dispatch a triton_op
     # decomposes into its kernel launches (wrap_triton), which must be traced as GPU kernels; the
     # interpreter's kernels are plain Python that reads data pointers, so they cannot run on the
     # functional fake tensors ("Attempted to access the data pointer on an invalid python
     # storage"). On CUDA it runs here.
+    n, m, d = shape
     g = torch.Generator().manual_seed(15)
-    x = _on(0.2 * torch.randn(5, 3, generator=g, dtype=dtype)).requires_grad_()
-    y = None if y_is_x else _on(0.2 * torch.randn(4, 3, generator=g, dtype=dtype)).requires_grad_()
+    x = _on(0.2 * torch.randn(n, d, generator=g, dtype=dtype)).requires_grad_()
+    y = None if y_is_x else _on(0.2 * torch.randn(m, d, generator=g, dtype=dtype)).requires_grad_()
     c = _on(torch.tensor(0.5, dtype=torch.float64)).requires_grad_()
     tests = ("test_schema", "test_autograd_registration", "test_faketensor")
     if DEVICE == "cuda":
@@ -293,11 +295,37 @@ def test_opcheck(dtype, y_is_x):
     result = torch.library.opcheck(torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton, (x, y, c),
                                    test_utils=tests)
     assert result == {name: "SUCCESS" for name in tests}
-    upstream = _on(torch.randn(5, 5 if y_is_x else 4, generator=g, dtype=dtype))
+    upstream = _on(torch.randn(n, n if y_is_x else m, generator=g, dtype=dtype))
     result = torch.library.opcheck(torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton_backward,
                                    (upstream, x.detach(), None if y is None else y.detach(), c.detach()),
                                    test_utils=("test_schema", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}
+
+
+@in_interpreter
+@pytest.mark.parametrize("y_is_x", [False, True])
+def test_gradient_does_not_depend_on_the_upstream_layout(monkeypatch, y_is_x):
+    # `.sum()` hands the backward an expanded (stride 0) gradient in eager mode, torch.compile a
+    # contiguous one; the kernels see a contiguous gradient either way, so both give the same bits
+    seen = []
+    backward_impl = tp._backward_impl
+
+    def spy(grad, *args):
+        seen.append(grad.is_contiguous())
+        return backward_impl(grad, *args)
+
+    monkeypatch.setattr(tp, "_backward_impl", spy)
+    g = torch.Generator().manual_seed(4)
+    x = _on(0.2 * torch.randn(7, 5, generator=g)).requires_grad_()
+    y = x if y_is_x else _on(0.2 * torch.randn(6, 5, generator=g)).requires_grad_()
+    c = _on(torch.tensor(0.5, dtype=torch.float64)).requires_grad_()
+    inputs = [x, c] if y_is_x else [x, y, c]
+    expanded = torch.autograd.grad(tp.pairwise_poincare_dist_triton(x, y, c).sum(), inputs)
+    out = tp.pairwise_poincare_dist_triton(x, y, c)
+    dense = torch.autograd.grad(out, inputs, torch.ones_like(out))
+    assert seen == [True, True]
+    for a, b in zip(expanded, dense):
+        assert torch.equal(a, b)
 
 
 @in_interpreter
