@@ -64,7 +64,9 @@ PCA-whitening warm start (``--head-init whiten``), ``hms_random`` ``hms`` from a
 recipe (its glyph default: the same plus 0.3·HIER; ``hier_ms_cosine`` on the cosine, the default
 until 2026-11-26) · ``hypmix`` / ``hypmix_learn`` HypMix (λ = 3,
 τe = 0.05, τh = 0.2; fixed / learnable λ) · ``uml_tau`` / ``uml_tau_lit`` Hyp-UML adaptive τ (sound
-default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin ·
+default U / the paper's literal U) · ``uml_margin`` / ``uml_margin_lit`` Hyp-UML adaptive margin (the
+``uml`` rows follow the recipe's bundled-data head start: the PCA whitening since 2026-11-28;
+``uml_tau_random`` ``uml_tau`` from a random head) ·
 ``hier_margin`` hierarchical-margin contrastive loss (supervised) · ``unsup_logratio`` unsupervised
 hierarchical log-ratio loss (labels never used: pseudo-labels from the package's
 ``UnsupervisedPseudoLabels`` defaults — one level of 512 Ward clusters of the pre-trained (step-0)
@@ -176,7 +178,10 @@ def build_rows():
             ["--lam", "3", "--tau-e", "0.05", "--tau-h", "0.2", "--learnable-lambda"]),
         # The bank holds backbone activations, not images: the recipe's --degraded-copies (image
         # degradations inside the training step) cannot run on it; bench/radius.py measures them.
-        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default; + calibration, no degraded copies)", uml, NO_COPIES),
+        Row("uml_tau", "Hyp-UML adaptive τ (sound U, default; + calibration, no degraded copies; head warm-started "
+            "from the features' PCA whitening, the recipe's bundled-data default)", uml, NO_COPIES),
+        Row("uml_tau_random", "uml_tau from the head's random init (--head-init random: the uml_tau row up to "
+            "2026-11-28, commit 3819751)", uml, NO_COPIES + ["--head-init", "random"]),
         Row("uml_tau_lit", "Hyp-UML adaptive τ (literal U)", uml, ["--uncertainty-mode", "literal"] + NO_COPIES),
         Row("uml_margin", "Hyp-UML adaptive margin triplet (sound U)", uml, ["--loss", "triplet"] + NO_COPIES),
         Row("uml_margin_lit", "Hyp-UML adaptive margin triplet (literal U)", uml,
