@@ -215,6 +215,11 @@ def _backward_impl(grad: Tensor, x: Tensor, y: Optional[Tensor], c: Tensor):
     n, m = x.shape[0], other.shape[0]
     if grad.shape != (n, m):
         raise ValueError(f"grad must have shape {(n, m)}, got {tuple(grad.shape)}")
+    # Triton compiles a kernel per stride pattern (a stride of 1 is specialised), and two
+    # compilations round float32 sums differently; a contiguous upstream makes the gradient the same
+    # bits whatever layout arrives (an expanded `.sum()` gradient in eager mode, a contiguous tangent
+    # under torch.compile)
+    grad = grad.contiguous()
     c64 = c.detach().reshape(()).to(torch.float64)
     rows_x = _row_terms(x, c64, acc)
     rows_y = rows_x if y is None else _row_terms(other, c64, acc)
@@ -290,11 +295,6 @@ if triton is not None:
             gx, gy, gc = (next(grads) if needed else None for needed in (needs_x, needs_y, needs_c))
             cast = (lambda g, like: None if g is None else g.to(like.dtype))
             return cast(gx, x), cast(gy, y), cast(gc, c)
-        # Triton compiles a kernel per stride pattern (a stride of 1 is specialised), and the two
-        # compilations round float32 sums differently; a contiguous upstream makes the gradient the
-        # same bits whatever layout the caller's graph hands in (an expanded `.sum()` gradient in
-        # eager mode, a contiguous tangent under torch.compile).
-        grad = grad.contiguous()
         gx, gy, gc = torch.ops.pml_hyperbolic.pairwise_poincare_dist_triton_backward(grad, x, y, c)
         return (gx if needs_x else None, gy if (needs_y and y is not None) else None, gc if needs_c else None)
 
