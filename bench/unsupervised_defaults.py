@@ -59,16 +59,15 @@ def _max_d0(head):
 WHITEN_SCALE = 100.0  # the *_whiten rows' scale (docs/design/pseudo-labels.md chose it for these components)
 
 
-def warm_start(head, features, scale=None):
-    """The head's linear layer set by ``whitening_head_init`` (no label used), at ``WHITEN_SCALE``
-    unless ``scale`` is given."""
+def warm_start(head, features, scale=WHITEN_SCALE):
+    """The head's linear layer set by ``whitening_head_init`` (no label used) at ``scale``."""
     from pml_hyperbolic.heads import whitening_head_init
 
-    whitening_head_init(head.linear, features, scale=WHITEN_SCALE if scale is None else scale)
+    whitening_head_init(head.linear, features, scale=scale)
     return head
 
 
-def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=None):
+def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=WHITEN_SCALE):
     """One trained head (``unsup`` or ``hier_margin``) on ``train`` (a bank ``Split``)."""
     from pml_hyperbolic.losses import HierarchicalLogRatioLoss, HierarchicalMarginLoss
     from pml_hyperbolic.miners import HierarchicalPseudoLabeler
@@ -115,7 +114,7 @@ def score(head, query, gallery):
 
 
 def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print,
-                whiten_scale=None):
+                whiten_scale=WHITEN_SCALE):
     bank = qc.pooled_bank(qc.build_bank(cfg, name, use_cache=use_cache, log=log), cfg, use_cache=use_cache)
     out = []
     for seed in seeds:
@@ -184,7 +183,7 @@ def parse_args(argv=None):
     p.add_argument("--recluster-every", type=int, default=50)
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
-    p.add_argument("--whiten-scale", type=float, default=None,
+    p.add_argument("--whiten-scale", type=float, default=WHITEN_SCALE,
                    help=f"scale of whitening_head_init for the *_whiten rows (default: {WHITEN_SCALE:g})")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cache", action="store_true")
@@ -192,7 +191,7 @@ def parse_args(argv=None):
     for name in a.datasets.split(","):
         if name not in qc.BANK_DATASETS:
             p.error(f"--datasets: {name!r} is not one of {qc.BANK_DATASETS}")
-    if a.whiten_scale is not None and not (0 < a.whiten_scale < float("inf")):
+    if not (0 < a.whiten_scale < float("inf")):
         p.error(f"--whiten-scale must be a finite number > 0, got {a.whiten_scale}")
     for row in a.rows.split(","):
         if row not in ROWS:
@@ -210,7 +209,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     print(f"# bench/unsupervised_defaults.py: {cfg.describe()}; split {a.split}; re-clustering every "
           f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; whitening scale "
-          f"{a.whiten_scale if a.whiten_scale is not None else WHITEN_SCALE:g}")
+          f"{a.whiten_scale:g}")
     print(f"machine: {qc.machine_line()}")
     results = []
     for name in a.datasets.split(","):
