@@ -111,24 +111,27 @@ def runnable_elsewhere(samples: int = 3, interval: float = 0.002) -> int | None:
 
 
 # uncontended_threads looks at the run queue once per call at most every _LOOK_SECONDS (one
-# reading, no sleep) and uses the most runnable threads seen in the last _WINDOW_SECONDS.
+# reading, no sleep) and counts as busy elsewhere the lower median of the readings of the last
+# _WINDOW_SECONDS.
 _LOOK_SECONDS = 0.05
-_WINDOW_SECONDS = 0.25
+_WINDOW_SECONDS = 1.0
 _readings: collections.deque = collections.deque()  # (monotonic time, runnable_elsewhere(samples=1))
 
 
 def uncontended_threads(requested: int | None = None, cores: int | None = None) -> int:
     r"""Threads for a loop of small parallel ops, chosen now:
 
-    .. math:: \max\big(1,\ \min(\text{requested},\ \text{cores} - \text{runnable elsewhere})\big)
+    .. math:: \max\big(1,\ \min(\text{requested},\ \text{cores} - \tilde r)\big)
 
-    ``requested`` defaults to torch's current count. That count on an idle machine; fewer, down
-    to 1, when other processes already occupy the cores (there a barrier would wait for a
-    descheduled thread). "Runnable elsewhere" is the most seen in the last 0.25 s by one reading of
-    :func:`runnable_elsewhere` per call at most every 0.05 s. Why not a fresh look of several
-    readings per call: their sleeps cost more than the thread choice saves, since under load a
-    process that sleeps waits for a core to wake up. Where the OS gives no run-queue figure,
-    ``requested`` is returned.
+    where :math:`\tilde r` is the lower median of the readings of :func:`runnable_elsewhere` taken
+    in the last second (one reading per call at most every 0.05 s). ``requested`` defaults to torch's current
+    count. That count on an idle machine; fewer, down to 1, when other processes keep the cores
+    busy (there a barrier would wait for a descheduled thread). Why a median and not the busiest
+    reading: a kernel thread or a short-lived process is runnable in a few readings only, and
+    must not halve the threads of the calls that follow; a process that computes is runnable in
+    nearly every reading. Why no fresh look of several readings per call: their sleeps cost more
+    than the thread choice saves, since under load a process that sleeps waits for a core to wake
+    up. Where the OS gives no run-queue figure, ``requested`` is returned.
 
     Args:
         requested: the upper bound (>= 1); ``None``: torch's current count.
@@ -152,7 +155,8 @@ def uncontended_threads(requested: int | None = None, cores: int | None = None) 
     seen = [others for _, others in _readings if others is not None]
     if not seen:  # pragma: no cover - non-Linux
         return requested
-    return max(1, min(requested, cores - max(seen)))
+    busy_elsewhere = sorted(seen)[(len(seen) - 1) // 2]
+    return max(1, min(requested, cores - busy_elsewhere))
 
 
 def default_threads(load: float | None = None, cores: int | None = None) -> int:

@@ -97,20 +97,35 @@ def test_uncontended_threads_caches_and_defaults(monkeypatch, two_threads):
         uncontended_threads(2, cores=0)
 
 
-def test_uncontended_threads_uses_the_busiest_reading_of_the_window(monkeypatch):
-    """A process seen busy 0.1 s ago still counts (the readings of the last 0.25 s), one seen
-    0.3 s ago no longer does."""
+def test_uncontended_threads_ignores_a_passing_blip_and_follows_a_lasting_competitor(monkeypatch):
+    """The lower median of the last second's readings: one reading of a short-lived runnable thread
+    leaves the caller's count; a competitor runnable in most readings takes its core; readings
+    older than 1 s leave the window."""
     clock = [100.0]
-    readings = iter([2, 0, 0])
+    readings = iter([1, 0, 0, 2, 2, 2, 0, 0, 0, 0, 1])
     monkeypatch.setattr(T.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(T, "runnable_elsewhere", lambda samples=3, interval=0.002: next(readings))
     monkeypatch.setattr(T, "_readings", collections.deque())
-    assert uncontended_threads(2, cores=2) == 1  # two others now
-    clock[0] += 0.1
-    assert uncontended_threads(2, cores=2) == 1  # idle now, busy 0.1 s ago
-    clock[0] += 0.2
-    assert uncontended_threads(2, cores=2) == 2  # the busy reading has left the window
-    assert [others for _, others in T._readings] == [0, 0]  # (the reading at 100.0 s dropped)
+    chosen = []
+    for _ in range(10):
+        chosen.append(uncontended_threads(2, cores=2))
+        clock[0] += 0.1
+    # lower medians: [1] -> 1; [0, 1] -> 0; [0, 0, 1] -> 0; [0, 0, 1, 2] -> 0; [0, 0, 1, 2, 2] -> 1;
+    # [0, 0, 1, 2, 2, 2] -> 1; [0, 0, 0, 1, 2, 2, 2] -> 1; then the zeros are the majority again
+    assert chosen == [1, 2, 2, 2, 1, 1, 1, 2, 2, 2]
+    clock[0] += 2.0
+    assert uncontended_threads(2, cores=2) == 1  # a lone reading is the whole window
+    assert [others for _, others in T._readings] == [1]  # every reading older than 1 s dropped
+
+
+def test_uncontended_threads_under_a_lasting_two_core_load(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(T.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(T, "runnable_elsewhere", lambda samples=3, interval=0.002: 2)
+    monkeypatch.setattr(T, "_readings", collections.deque())
+    for _ in range(20):
+        assert uncontended_threads(2, cores=2) == 1
+        clock[0] += 0.06
 
 
 @pytest.mark.parametrize("load, cores, want", [
