@@ -119,6 +119,15 @@ class HCL(RecipeCommandLine):
         for name, value in hcl_scene_data(self.args, self.say).items():
             setattr(self, name, value)
 
+    def method_check(self):
+        from pml_hyperbolic.training.checkpoint import unwrap
+        from pml_hyperbolic.training.scene_objects import scene_object_report
+
+        if self.scene_check_set is None:  # --annotations: no held-out scenes
+            return None
+        return scene_object_report(unwrap(self.trunk), unwrap(self.head), self.scene_check_set,
+                                   self.args.ball_curvature, self.device, self.args.eval_batch_size)
+
     def setup_model(self):
         super().setup_model()
         if self.args.trunk_train == "tail" and not self.args.freeze_trunk:

@@ -1,5 +1,5 @@
 """Evaluation and geometry analysis: Recall@K, exact hyperbolic kNN, δ-hyperbolicity,
-uncertainty-vs-recall, radius health, Poincaré-disk plots, retrieval grids.
+uncertainty-vs-recall, radius health, HCL's scene → object check, Poincaré-disk plots, retrieval grids.
 
 Design note: docs/design/evaluation.md
 """
@@ -13,6 +13,7 @@ from .radius_health import RadiusCollapseWarning, RadiusReport, check_radius, ra
 from .recall_at_k import RecallAtKAccuracyCalculator
 from .retrieval_confidence import retrieval_uncertainty
 from .retrieval_grid import plot_retrieval_grid, plot_retrieval_grid_from_embeddings
+from .scene_object_recall import scene_object_recall
 from .uncertainty_recall import plot_uncertainty_vs_recall, uncertainty_failure_auroc, uncertainty_recall_table
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "uncertainty_recall_table",
     "uncertainty_failure_auroc",
     "retrieval_uncertainty",
+    "scene_object_recall",
     "plot_uncertainty_vs_recall",
     "radius_collapse",
     "check_radius",

@@ -30,6 +30,13 @@ from .trainer import HyperbolicTrainer
 TRUNK_TRAIN_MODES = ("all", "tail")
 
 
+def into_hcl_ball(embeddings: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """HCL's map of head outputs into the ball: ``project(expmap0(x, c), c)``, no feature clipping."""
+    from .. import poincare_ball as pb
+
+    return pb.project(pb.expmap0(embeddings, c), c)
+
+
 def train_only_the_tail(trunk: torch.nn.Module) -> int:
     """Freeze a timm EfficientNet / MobileNet trunk except its last block and ``conv_head``, and every
     BatchNorm at its running statistics (timm's frozen BatchNorm: no statistic or affine update).
@@ -133,8 +140,6 @@ class HCLTrainer(HyperbolicTrainer):
         return out.float()
 
     def calculate_loss(self, curr_batch: Any) -> None:
-        from .. import poincare_ball as pb
-
         scene, view_q, view_k, _ = curr_batch
         b = view_q.shape[0]
         q = self.compute_embeddings(view_q)
@@ -150,7 +155,7 @@ class HCLTrainer(HyperbolicTrainer):
         euclid = torch.nn.functional.normalize(torch.cat([q, k]), dim=1)
         self.losses["metric_loss"] = self.loss_funcs["metric_loss"](euclid, labels, enqueue_mask=mask)
         c = torch.as_tensor(self.curvature, dtype=torch.float32, device=q.device)
-        ball = pb.project(pb.expmap0(torch.cat([s, k]), c), c)  # no feature clipping (HCL)
+        ball = into_hcl_ball(torch.cat([s, k]), c)
         self.losses["hyperbolic_loss"] = self.loss_funcs["hyperbolic_loss"](ball, labels, enqueue_mask=mask)
 
     @torch.no_grad()

@@ -25,8 +25,9 @@ PHASE_ORDER = ("data", "model", "eval before", "training", "eval after", "plots"
 def format_summary(results: Dict, k_values: Sequence[int], results_path: Optional[str],
                    checkpoint_paths: Sequence[str], uncertainty_bins: bool = False) -> str:
     """The end-of-run summary (~8 lines): Recall@K before/after for each K, the time of each phase,
-    and where the results, checkpoints and plots are; one more line when the test embeddings' radius
-    collapsed (``results["radius_collapse"]``).
+    and where the results, checkpoints and plots are; one more line for a recipe's own check
+    (``results["method_check"]``) and one when the test embeddings' radius collapsed
+    (``results["radius_collapse"]``).
 
     Args:
         results: the run's ``results.json`` payload.
@@ -56,6 +57,11 @@ def format_summary(results: Dict, k_values: Sequence[int], results_path: Optiona
     auroc = results.get("uncertainty_failure_auroc")
     if uncertainty_bins and auroc is not None and auroc == auroc:
         lines.append(f"  uncertainty AUROC for a wrong top-1: {auroc:.3f} (0.5 = no information)")
+    checks = results.get("method_check") or {}
+    if checks.get("after"):
+        first = (results.get("before") or {}).get("method_check")
+        start = f"{first['value']:.3f} -> " if first else ""
+        lines.append(f"  {checks['after']['name']}: {start}{checks['after']['value']:.3f}")
     collapse = results.get("radius_collapse")
     if collapse:  # see pml_hyperbolic.evaluation.radius_health
         lines.append(f"  {collapse['summary']}")
@@ -152,6 +158,13 @@ class RecipeReportingMixin:
         return {"retrieval_grid": path}
 
     # ---- setup ----
+    def method_check(self) -> Optional[Dict]:
+        """A recipe's own check of what its method trains, printed beside Recall@K before and after
+        training and kept in ``results.json``: None (no check), or a dict with ``name`` (a short label),
+        ``value`` (its headline figure), ``line`` (the printed line) and any details. Overridden by a
+        recipe whose method Recall@K does not see (HCL's scene → object branch)."""
+        return None
+
     def _load_before(self):
         import json
 
@@ -196,6 +209,9 @@ class RecipeReportingMixin:
                 after = evaluator(self.trunk, self.head, trainer.global_step)
                 self._timed("eval after", started)
             self.say(f"after training   {format_recall(after, a.k_values)}")
+            method_after = self.method_check()
+            if method_after is not None:
+                self.say(f"after training   {method_after['line']}")
             emb = evaluator.last_embeddings
             plots = {}
             if not a.no_plots and emb is not None:
@@ -225,6 +241,7 @@ class RecipeReportingMixin:
                 "uncertainty_vs_recall": getattr(self, "uncertainty_table", None),
                 "uncertainty_failure_auroc": getattr(self, "uncertainty_auroc", None),
                 "radius_collapse": evaluator.radius_report.as_dict() if evaluator.radius_report else None,
+                "method_check": {"after": method_after} if method_after is not None else None,
                 "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()},
                 "tensorboard_logging": run_logger.tensorboard_active,
             }

@@ -215,6 +215,10 @@ class Recipe(RecipeDataMixin, RecipeModelMixin, RecipeOptimisationMixin, RecipeR
                 self.pick_threads()
                 before = evaluator(self.trunk, self.head, 0)
                 self.say(f"before training  {format_recall(before, a.k_values)}")
+                method = self.method_check()
+                if method is not None:  # kept with Recall@K: before.json also serves a resumed run
+                    before["method_check"] = method
+                    self.say(f"before training  {method['line']}")
                 run_logger.write_json("before.json", before)
             barrier(self.ctx)
             self._timed("eval before", started)

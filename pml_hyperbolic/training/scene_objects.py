@@ -25,6 +25,9 @@ from PIL import Image
 
 Box = Tuple[float, float, float, float]  # x0, y0, x1, y1
 
+#: held-out scenes of the HCL recipe's scene → object check (:func:`scene_object_report`)
+SCENE_CHECK_SCENES = 256
+
 
 def union_box(boxes: Sequence[Box]) -> Box:
     """The smallest box containing every box of ``boxes``."""
@@ -70,15 +73,18 @@ class _SceneObjectBase(torch.utils.data.Dataset):
         self.scene_transform = scene_transform or default_scene_transform(image_size)
         self.enlarge = enlarge
 
-    def make_item(self, image: Image.Image, boxes: List[Box], chosen: int, label: int):
+    def object_box(self, boxes: List[Box], chosen: int, width: float, height: float) -> Box:
+        """The crop of object ``chosen``: its box enlarged by ``enlarge``, clipped to the scene box
+        (so that the object crop stays contained in the scene, the property HCL's hyperbolic branch
+        relies on)."""
         scene_box = union_box(boxes)
-        obj_box = enlarge_box(boxes[chosen], self.enlarge, image.width, image.height)
-        # The enlarged object box may poke out of the scene box; clip it so the object crop stays
-        # contained in the scene (the property HCL's hyperbolic branch relies on).
-        obj_box = (max(obj_box[0], scene_box[0]), max(obj_box[1], scene_box[1]),
-                   min(obj_box[2], scene_box[2]), min(obj_box[3], scene_box[3]))
-        scene = image.crop(tuple(int(round(v)) for v in scene_box))
-        obj = image.crop(tuple(int(round(v)) for v in obj_box))
+        obj_box = enlarge_box(boxes[chosen], self.enlarge, width, height)
+        return (max(obj_box[0], scene_box[0]), max(obj_box[1], scene_box[1]),
+                min(obj_box[2], scene_box[2]), min(obj_box[3], scene_box[3]))
+
+    def make_item(self, image: Image.Image, boxes: List[Box], chosen: int, label: int):
+        scene = image.crop(tuple(int(round(v)) for v in union_box(boxes)))
+        obj = image.crop(tuple(int(round(v)) for v in self.object_box(boxes, chosen, image.width, image.height)))
         return (self.scene_transform(scene), self.view_transform(obj), self.view_transform(obj),
                 torch.tensor(label, dtype=torch.int64))
 
@@ -149,12 +155,27 @@ class ComposedGlyphScenes(_SceneObjectBase):
             self._labels = self.glyph_labels[np.arange(self.num_scenes) % len(self.glyphs)]
         return self._labels
 
-    def __getitem__(self, index: int):
+    def canvas(self, index: int):
+        """(the composed image of scene ``index``, its object boxes, the chosen object, the glyph indices)."""
         members, boxes, chosen = self.layout(index)
         canvas = Image.new("RGB", (self.canvas_size, self.canvas_size), (255, 255, 255))
         for m, box in zip(members, boxes):
             canvas.paste(self.glyphs[m][0].convert("RGB"), (int(box[0]), int(box[1])))
+        return canvas, boxes, chosen, members
+
+    def __getitem__(self, index: int):
+        canvas, boxes, chosen, members = self.canvas(index)
         return self.make_item(canvas, boxes, chosen, int(self.glyph_labels[members[chosen]]))
+
+    def scene_and_objects(self, index: int) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Scene ``index`` and EVERY object it contains, without augmentation: the scene crop and the
+        object crops (as in training, unaugmented) through ``scene_transform``, for
+        :func:`scene_object_report`."""
+        canvas, boxes, _, _ = self.canvas(index)
+        scene = self.scene_transform(canvas.crop(tuple(int(round(v)) for v in union_box(boxes))))
+        objects = [self.scene_transform(canvas.crop(tuple(int(round(v)) for v in self.object_box(
+            boxes, k, canvas.width, canvas.height)))) for k in range(len(boxes))]
+        return scene, objects
 
 
 class CocoSceneObjects(_SceneObjectBase):
@@ -225,7 +246,8 @@ def hcl_scene_data(args: Any, say: Callable[[str], None]) -> dict:
     """The data of the HCL recipe: scene/object training items, from ``--annotations`` (COCO-style,
     :class:`CocoSceneObjects`) or composed from the bundled glyphs (:class:`ComposedGlyphScenes`,
     with a line through ``say`` saying so); Recall@K runs on the glyph query/gallery splits
-    (at most ``--max-eval-samples`` each) whichever data trains.
+    (at most ``--max-eval-samples`` each) whichever data trains; on the bundled data the scene →
+    object check (:func:`scene_object_report`) runs on scenes composed from the query split.
 
     Why here: the recipe file stays configuration, and this choice of data is reachable by a test.
 
@@ -236,8 +258,9 @@ def hcl_scene_data(args: Any, say: Callable[[str], None]) -> dict:
         say: prints a line on the main process.
 
     Returns:
-        ``{"train_set", "dataset_name", "train_eval_set", "data_root", "splits_to_eval", "eval_sets"}``,
-        the recipe's attributes of the same names.
+        ``{"train_set", "dataset_name", "scene_check_set", "train_eval_set", "data_root", "splits_to_eval",
+        "eval_sets"}``, the recipe's attributes of the same names (``scene_check_set`` None with
+        ``--annotations``).
 
     Raises:
         ConfigError: ``--annotations`` without ``--images-dir``, or a file that is not COCO-style.
@@ -268,8 +291,62 @@ def hcl_scene_data(args: Any, say: Callable[[str], None]) -> dict:
                                         glyph_augmentation=a.view_augmentation)
         dataset_name = "glyphs"
     eval_tf = build_transforms("glyph", train=False, image_size=a.image_size, resize_size=a.resize_size)
-    return {"train_set": train_set, "dataset_name": dataset_name,
+    # the scene → object check: scenes composed from the query split's (unseen) characters
+    scene_check_set = None if a.annotations else ComposedGlyphScenes(
+        GlyphDataset("query"), num_scenes=SCENE_CHECK_SCENES, canvas_size=a.canvas_size, max_objects=a.max_objects,
+        image_size=a.image_size, seed=a.seed)
+    return {"train_set": train_set, "dataset_name": dataset_name, "scene_check_set": scene_check_set,
             "train_eval_set": GlyphDataset("train", transform=eval_tf), "data_root": None,
             "splits_to_eval": eval_protocol("glyphs"),
             "eval_sets": {s: seeded_subset(GlyphDataset(s, transform=eval_tf), a.max_eval_samples, a.seed)
                           for s in ("query", "gallery")}}
+
+
+@torch.no_grad()
+def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scenes: ComposedGlyphScenes,
+                        curvature: float, device: Any, batch_size: int = 256) -> dict:
+    """:func:`~pml_hyperbolic.evaluation.scene_object_recall` of a model on ``scenes``: every scene and
+    every object it contains through ``embedder(trunk(·))`` and into the ball as HCL's hyperbolic
+    branch maps them (:func:`~pml_hyperbolic.training.hcl_trainer.into_hcl_ball`), the models in eval
+    mode for the call (their mode restored after).
+
+    Args:
+        trunk: the backbone.
+        embedder: the projection head.
+        scenes: the held-out scenes.
+        curvature: c of HCL's ball.
+        device: where the models run.
+        batch_size: images per forward pass.
+
+    Returns:
+        The dict of :func:`~pml_hyperbolic.evaluation.scene_object_recall`, with ``name``, ``value``
+        (its R@1) and ``line`` (the recipe's printed line) added.
+    """
+    from ..evaluation.scene_object_recall import scene_object_recall
+    from .hcl_trainer import into_hcl_ball
+
+    images, owner = [], []
+    for i in range(len(scenes)):
+        scene, objects = scenes.scene_and_objects(i)
+        images.append(scene)
+        images.extend(objects)
+        owner.extend([-1] + [i] * len(objects))
+    modes = (trunk.training, embedder.training)
+    trunk.eval()
+    embedder.eval()
+    try:
+        out = [embedder(trunk(torch.stack(images[k:k + batch_size]).to(device))).float().cpu()
+               for k in range(0, len(images), batch_size)]
+    finally:
+        trunk.train(modes[0])
+        embedder.train(modes[1])
+    c = torch.tensor(float(curvature), dtype=torch.float32)
+    ball = into_hcl_ball(torch.cat(out), c)
+    owner = torch.tensor(owner)
+    is_scene = owner < 0
+    report = scene_object_recall(ball[is_scene], ball[~is_scene], owner[~is_scene], c)
+    report.update(name="scene→object R@1", value=report["recall_at_1"],
+                  line=(f"scene→object R@1 {report['recall_at_1']:.4f} (chance {report['chance']:.4f}, "
+                        f"{report['scenes']} held-out scenes), scenes nearer the origin than their objects "
+                        f"{report['scene_nearer_origin']:.2f}"))
+    return report

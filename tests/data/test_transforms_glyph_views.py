@@ -173,3 +173,56 @@ def test_hcl_scene_data_glyph_scenes_and_bad_annotations():
     assert set(data["eval_sets"]) == {"query", "gallery"} and all(len(ds) == 7 for ds in data["eval_sets"].values())
     with pytest.raises(ConfigError, match="--images-dir"):
         hcl_scene_data(SimpleNamespace(**{**vars(args), "annotations": "a.json"}), said.append)
+
+
+def test_scene_object_check_data_and_report():
+    """The held-out scenes of the HCL recipe's scene → object check: each scene with all its objects,
+    unaugmented (the same tensors twice); the report embeds them with the model in eval mode, puts
+    the mode back, and hands each object with the index of its own scene to scene_object_recall."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from pml_hyperbolic.training.scene_objects import SCENE_CHECK_SCENES, hcl_scene_data, scene_object_report
+
+    args = SimpleNamespace(annotations=None, images_dir=None, image_size=32, resize_size=None, max_objects=3,
+                           canvas_size=96, max_train_samples=5, max_eval_samples=7, view_augmentation="crop", seed=0)
+    scenes = hcl_scene_data(args, lambda line: None)["scene_check_set"]
+    assert isinstance(scenes, ComposedGlyphScenes) and len(scenes) == SCENE_CHECK_SCENES
+    scene, objects = scenes.scene_and_objects(3)
+    members, boxes, _ = scenes.layout(3)
+    assert len(objects) == len(boxes) == len(members) and 2 <= len(objects) <= 3
+    assert scene.shape == objects[0].shape == (3, 32, 32)
+    again = scenes.scene_and_objects(3)
+    assert torch.equal(again[0], scene) and all(torch.equal(a, b) for a, b in zip(again[1], objects))
+
+    trunk = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 16), torch.nn.Dropout(0.5))
+    head = torch.nn.Linear(16, 4)
+    trunk.train()
+    head.eval()
+    small = ComposedGlyphScenes(scenes.glyphs, num_scenes=6, canvas_size=96, max_objects=3, image_size=32, seed=1)
+    out = scene_object_report(trunk, head, small, curvature=0.05, device="cpu", batch_size=5)
+    assert trunk.training and not head.training  # modes restored
+    assert out["scenes"] == 6 and 12 <= out["objects"] <= 18 and 0.0 <= out["recall_at_1"] <= 1.0
+    assert out["name"] == "scene→object R@1" and out["value"] == out["recall_at_1"]
+    assert out["line"].startswith(f"scene→object R@1 {out['recall_at_1']:.4f} (chance {out['chance']:.4f}, 6 ")
+
+    import sys
+
+    module = sys.modules["pml_hyperbolic.evaluation.scene_object_recall"]  # (the package's name is the function)
+
+    seen = {}
+    real = module.scene_object_recall
+
+    def spy(scene_embeddings, object_embeddings, object_scene, c):
+        seen.update(scenes=scene_embeddings, objects=object_embeddings, owner=object_scene)
+        return real(scene_embeddings, object_embeddings, object_scene, c)
+
+    module.scene_object_recall = spy
+    try:
+        scene_object_report(trunk, head, small, curvature=0.05, device="cpu")
+    finally:
+        module.scene_object_recall = real
+    assert torch.bincount(seen["owner"]).tolist() == [len(small.layout(i)[1]) for i in range(6)]
+    assert seen["owner"].tolist() == sorted(seen["owner"].tolist())
+    assert seen["scenes"].norm(dim=1).max() < 1 / 0.05 ** 0.5  # points of the ball of c = 0.05

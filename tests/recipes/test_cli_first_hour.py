@@ -283,6 +283,12 @@ def test_format_summary_reference():
     ]
     no_plots = format_summary({**results, "plots": {}}, [1], None, []).splitlines()
     assert not any(line.startswith("  plots") for line in no_plots)  # hcl / hyp_mix: no claim of plots
+    check = {"name": "scene→object R@1", "value": 0.25, "line": "..."}
+    with_check = {**results, "before": {**results["before"], "method_check": {**check, "value": 0.0}},
+                  "method_check": {"after": check}}
+    assert "  scene→object R@1: 0.000 -> 0.250" in format_summary(with_check, [1], None, []).splitlines()
+    with_check["before"] = None  # --eval-before false: the after figure alone
+    assert "  scene→object R@1: 0.250" in format_summary(with_check, [1], None, []).splitlines()
 
 
 def test_resume_command_and_interrupted_message(tmp_path):
