@@ -67,8 +67,10 @@ def warm_start(head, features, scale=WHITEN_SCALE):
     return head
 
 
-def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=WHITEN_SCALE):
-    """One trained head (``unsup`` or ``hier_margin``) on ``train`` (a bank ``Split``)."""
+def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, whiten_scale=WHITEN_SCALE,
+              margin_kwargs=None):
+    """One trained head (``unsup`` or ``hier_margin``) on ``train`` (a bank ``Split``); ``loss_kwargs`` go to
+    ``HierarchicalLogRatioLoss``, ``margin_kwargs`` to ``HierarchicalMarginLoss``."""
     from pml_hyperbolic.losses import HierarchicalLogRatioLoss, HierarchicalMarginLoss
     from pml_hyperbolic.miners import HierarchicalPseudoLabeler
 
@@ -86,7 +88,7 @@ def train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log=print, wh
             levels = labeler.fit_predict(qc.embed(tail, h, clean))
             return levels[:, 0], levels
     elif row in ("hier_margin", "hier_margin_whiten"):
-        loss = HierarchicalMarginLoss(num_classes=int(train.labels.max()) + 1)
+        loss = HierarchicalMarginLoss(num_classes=int(train.labels.max()) + 1, **(margin_kwargs or {}))
         relabel = None
     else:
         raise ValueError(f"row must be one of {ROWS[3:]}, got {row!r}")
@@ -114,7 +116,7 @@ def score(head, query, gallery):
 
 
 def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use_cache=True, log=print,
-                whiten_scale=WHITEN_SCALE):
+                whiten_scale=WHITEN_SCALE, margin_kwargs=None):
     bank = qc.pooled_bank(qc.build_bank(cfg, name, use_cache=use_cache, log=log), cfg, use_cache=use_cache)
     out = []
     for seed in seeds:
@@ -134,8 +136,8 @@ def run_dataset(name, cfg, rows, seeds, split, loss_kwargs, recluster_every, use
                 h = _head() if row == "head" else warm_start(_head(), train.acts[:, 0], whiten_scale)
                 m = score(h, query, gallery)
             else:
-                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log, whiten_scale),
-                          query, gallery)
+                m = score(train_row(row, train, cfg, seed, loss_kwargs, recluster_every, log, whiten_scale,
+                                    margin_kwargs), query, gallery)
             m.update(dataset=name, split=split, row=row, seed=seed, seconds=time.perf_counter() - t0)
             log(f"{name} {split} seed {seed} {row:12s} R@1 {100 * m['recall_at_1']:.1f}  R@2 "
                 f"{100 * m['recall_at_2']:.1f}  R@4 {100 * m['recall_at_4']:.1f}  R@8 {100 * m['recall_at_8']:.1f}  "
@@ -170,6 +172,21 @@ def table(results):
     return "\n".join(lines)
 
 
+def keyword_literals(text: str) -> dict:
+    """``"a=1, b='x'"`` → ``{"a": 1, "b": "x"}``: keyword arguments whose values are Python literals (no code runs)."""
+    import ast
+
+    if not text.strip():
+        return {}
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        if call.args:
+            raise ValueError("positional argument")
+        return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    except (SyntaxError, ValueError) as err:
+        raise SystemExit(f"error: keyword arguments must read name=literal, ... ({err}): {text!r}")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,6 +200,8 @@ def parse_args(argv=None):
     p.add_argument("--recluster-every", type=int, default=50)
     p.add_argument("--loss-kwargs", default="",
                    help="extra HierarchicalLogRatioLoss keyword arguments, Python syntax, e.g. \"omega=2.0\"")
+    p.add_argument("--margin-kwargs", default="",
+                   help="extra HierarchicalMarginLoss keyword arguments, Python literals, e.g. \"gamma=0.2\"")
     p.add_argument("--whiten-scale", type=float, default=WHITEN_SCALE,
                    help=f"scale of whitening_head_init for the *_whiten rows (default: {WHITEN_SCALE:g})")
     p.add_argument("--threads", type=int, default=1)
@@ -202,19 +221,20 @@ def parse_args(argv=None):
 def main(argv=None):
     a = parse_args(argv)
     seeds = tuple(int(s) for s in a.seeds.split(","))
-    loss_kwargs = eval(f"dict({a.loss_kwargs})")  # noqa: S307 (a command-line option of a bench script)
+    loss_kwargs, margin_kwargs = keyword_literals(a.loss_kwargs), keyword_literals(a.margin_kwargs)
     cfg = qc.BenchConfig(trainable="head", threads=a.threads, steps=a.steps, seeds=seeds, lr_head=a.lr,
                          batch_size=a.batch, samples_per_class=4, grad_clip=0.0)
     qc.set_threads(cfg.threads)
     t0 = time.perf_counter()
     print(f"# bench/unsupervised_defaults.py: {cfg.describe()}; split {a.split}; re-clustering every "
-          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; whitening scale "
+          f"{a.recluster_every} steps; log-ratio kwargs {loss_kwargs or 'none (defaults)'}; margin kwargs "
+          f"{margin_kwargs or 'none (defaults)'}; whitening scale "
           f"{a.whiten_scale:g}")
     print(f"machine: {qc.machine_line()}")
     results = []
     for name in a.datasets.split(","):
         results += run_dataset(name, cfg, a.rows.split(","), seeds, a.split, loss_kwargs, a.recluster_every,
-                               use_cache=not a.no_cache, whiten_scale=a.whiten_scale)
+                               use_cache=not a.no_cache, whiten_scale=a.whiten_scale, margin_kwargs=margin_kwargs)
     print("\nR@1 / R@8 (%), mean ± sd over seeds; Δ = paired difference against raw, mean (worst seed):\n")
     print(table(results))
     print(f"\nTotal wall time {time.perf_counter() - t0:.0f} s; {qc.machine_line()}.")

@@ -250,6 +250,15 @@ def _check_eps(eps) -> float:
     return float(eps)
 
 
+def _eager_cpu(x: Tensor) -> bool:
+    """A CPU tensor whose values may be read (:func:`values_checked`), outside ``torch.compile`` and
+    tracing: a branch on its values costs no device sync and breaks no graph."""
+    if x.device.type != "cpu" or not values_checked(x) or torch.jit.is_tracing():
+        return False
+    compiler = getattr(torch, "compiler", None)
+    return not (compiler is not None and compiler.is_compiling())
+
+
 def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
     r"""Project onto the open ball: :math:`x \cdot \min(1, r_{max}/\|x\|)`,
     :math:`r_{max} = (1-\epsilon)/\sqrt{c}`.
@@ -281,6 +290,10 @@ def project(x: Tensor, c: CurvatureLike, eps: float | None = None) -> Tensor:
     # project idempotent (project(project(x)) == project(x) bit for bit) and is far inside the ball.
     slack = 1.0 + 8.0 * torch.finfo(x.dtype).eps
     outside = norm > max_norm * slack
+    if _eager_cpu(x) and not bool(outside.any()):
+        # every point inside: the same values and the same (identity) gradient without the
+        # product and its backward, a fixed cost of every distance call at PML's batch sizes
+        return x.clone()
     # both branches finite for every point (no 0·inf in the gradient of a tiny point)
     safe_norm = torch.where(outside, norm, max_norm)
     scale = torch.where(outside, max_norm / safe_norm, torch.ones_like(norm))

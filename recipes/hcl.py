@@ -123,9 +123,10 @@ class HCL(RecipeCommandLine):
         from pml_hyperbolic.training.checkpoint import unwrap
         from pml_hyperbolic.training.scene_objects import scene_object_report
 
-        if self.scene_check_set is None:  # --annotations: no held-out scenes
+        scenes = getattr(self, "scene_check_set", None)
+        if scenes is None:  # --annotations, or data set up elsewhere (the benches): no held-out scenes
             return None
-        return scene_object_report(unwrap(self.trunk), unwrap(self.head), self.scene_check_set,
+        return scene_object_report(unwrap(self.trunk), unwrap(self.head), scenes,
                                    self.args.ball_curvature, self.device, self.args.eval_batch_size)
 
     def setup_model(self):

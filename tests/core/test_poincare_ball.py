@@ -467,3 +467,23 @@ def test_value_checks_read_cpu_tensors_always_and_accelerator_tensors_on_request
     monkeypatch.setenv("PML_HYPERBOLIC_CHECK_VALUES", "1")
     with pytest.raises(ValueError, match="NaN/Inf"):
         pb.check_finite(torch.tensor([0.0, float("nan")]))  # CPU tensors: always checked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_project_of_points_inside_is_a_copy_with_the_identity_gradient(dtype):
+    """Every point inside (the common case): project returns the same values in a new tensor and
+    passes the upstream gradient through unchanged, as the general path does."""
+    x = (torch.randn(50, 8, generator=torch.Generator().manual_seed(0), dtype=dtype) * 0.1).requires_grad_()
+    y = pb.project(x, 0.1)
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+    upstream = torch.randn(50, 8, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    y.backward(upstream)
+    assert torch.equal(x.grad, upstream)
+    y.detach().add_(1.0)  # the result is not the input
+    assert float(x.detach().abs().max()) < 1.0
+    # one point outside: the whole batch takes the projecting path; only that point moves
+    z = x.detach().clone()
+    z[3] *= 1e3
+    p = pb.project(z, 0.1)
+    assert torch.equal(p[:3], z[:3]) and torch.equal(p[4:], z[4:])
+    assert float(p[3].norm()) < 1 / 0.1 ** 0.5
