@@ -126,8 +126,10 @@ class HCL(RecipeCommandLine):
         scenes = getattr(self, "scene_check_set", None)
         if scenes is None:  # --annotations, or data set up elsewhere (the benches): no held-out scenes
             return None
-        return scene_object_report(unwrap(self.trunk), unwrap(self.head), scenes,
-                                   self.args.ball_curvature, self.device, self.args.eval_batch_size)
+        trainer = getattr(self, "trainer", None)  # objects as the loss sees them: through the momentum encoder
+        keys = (trainer.key_trunk, trainer.key_embedder) if trainer is not None else None
+        return scene_object_report(unwrap(self.trunk), unwrap(self.head), scenes, self.args.ball_curvature,
+                                   self.device, self.args.eval_batch_size, object_encoder=keys)
 
     def setup_model(self):
         super().setup_model()

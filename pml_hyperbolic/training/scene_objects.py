@@ -304,11 +304,13 @@ def hcl_scene_data(args: Any, say: Callable[[str], None]) -> dict:
 
 @torch.no_grad()
 def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scenes: ComposedGlyphScenes,
-                        curvature: float, device: Any, batch_size: int = 256) -> dict:
-    """:func:`~pml_hyperbolic.evaluation.scene_object_recall` of a model on ``scenes``: every scene and
-    every object it contains through ``embedder(trunk(·))`` and into the ball as HCL's hyperbolic
-    branch maps them (:func:`~pml_hyperbolic.training.hcl_trainer.into_hcl_ball`), the models in eval
-    mode for the call (their mode restored after).
+                        curvature: float, device: Any, batch_size: int = 256,
+                        object_encoder: Optional[Tuple[torch.nn.Module, torch.nn.Module]] = None) -> dict:
+    """:func:`~pml_hyperbolic.evaluation.scene_object_recall` of a model on ``scenes``: every scene
+    through ``embedder(trunk(·))``, every object it contains through ``object_encoder`` (HCL's momentum
+    encoder, which makes the loss's object keys; default the same models), both into the ball as HCL's
+    hyperbolic branch maps them (:func:`~pml_hyperbolic.training.hcl_trainer.into_hcl_ball`), the
+    models in eval mode for the call (their mode restored after).
 
     Args:
         trunk: the backbone.
@@ -317,6 +319,7 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
         curvature: c of HCL's ball.
         device: where the models run.
         batch_size: images per forward pass.
+        object_encoder: ``(trunk, embedder)`` of the objects; None: ``trunk`` and ``embedder``.
 
     Returns:
         The dict of :func:`~pml_hyperbolic.evaluation.scene_object_recall`, with ``name``, ``value``
@@ -325,26 +328,28 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
     from ..evaluation.scene_object_recall import scene_object_recall
     from .hcl_trainer import into_hcl_ball
 
-    images, owner = [], []
+    scene_images, object_images, owner = [], [], []
     for i in range(len(scenes)):
         scene, objects = scenes.scene_and_objects(i)
-        images.append(scene)
-        images.extend(objects)
-        owner.extend([-1] + [i] * len(objects))
-    modes = (trunk.training, embedder.training)
-    trunk.eval()
-    embedder.eval()
-    try:
-        out = [embedder(trunk(torch.stack(images[k:k + batch_size]).to(device))).float().cpu()
-               for k in range(0, len(images), batch_size)]
-    finally:
-        trunk.train(modes[0])
-        embedder.train(modes[1])
+        scene_images.append(scene)
+        object_images.extend(objects)
+        owner.extend([i] * len(objects))
     c = torch.tensor(float(curvature), dtype=torch.float32)
-    ball = into_hcl_ball(torch.cat(out), c)
-    owner = torch.tensor(owner)
-    is_scene = owner < 0
-    report = scene_object_recall(ball[is_scene], ball[~is_scene], owner[~is_scene], c)
+
+    def embed(images, models):
+        modes = [m.training for m in models]
+        for m in models:
+            m.eval()
+        try:
+            out = [models[1](models[0](torch.stack(images[k:k + batch_size]).to(device))).float().cpu()
+                   for k in range(0, len(images), batch_size)]
+        finally:
+            for m, mode in zip(models, modes):
+                m.train(mode)
+        return into_hcl_ball(torch.cat(out), c)
+
+    report = scene_object_recall(embed(scene_images, (trunk, embedder)),
+                                 embed(object_images, object_encoder or (trunk, embedder)), torch.tensor(owner), c)
     report.update(name="scene→object R@1", value=report["recall_at_1"],
                   line=(f"scene→object R@1 {report['recall_at_1']:.4f} (chance {report['chance']:.4f}, "
                         f"{report['scenes']} held-out scenes), scenes nearer the origin than their objects "

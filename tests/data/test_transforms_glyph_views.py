@@ -175,7 +175,7 @@ def test_hcl_scene_data_glyph_scenes_and_bad_annotations():
         hcl_scene_data(SimpleNamespace(**{**vars(args), "annotations": "a.json"}), said.append)
 
 
-def test_scene_object_check_data_and_report():
+def test_scene_object_check_data_and_report(monkeypatch):
     """The held-out scenes of the HCL recipe's scene → object check: each scene with all its objects,
     unaugmented (the same tensors twice); the report embeds them with the model in eval mode, puts
     the mode back, and hands each object with the index of its own scene to scene_object_recall."""
@@ -218,11 +218,20 @@ def test_scene_object_check_data_and_report():
         seen.update(scenes=scene_embeddings, objects=object_embeddings, owner=object_scene)
         return real(scene_embeddings, object_embeddings, object_scene, c)
 
-    module.scene_object_recall = spy
-    try:
-        scene_object_report(trunk, head, small, curvature=0.05, device="cpu")
-    finally:
-        module.scene_object_recall = real
+    monkeypatch.setattr(module, "scene_object_recall", spy)
+    scene_object_report(trunk, head, small, curvature=0.05, device="cpu")
     assert torch.bincount(seen["owner"]).tolist() == [len(small.layout(i)[1]) for i in range(6)]
+    from pml_hyperbolic.training.hcl_trainer import into_hcl_ball
+
+    key_head = torch.nn.Linear(16, 4)  # the objects go through the object encoder, the scenes do not
+    scene_object_report(trunk, head, small, curvature=0.05, device="cpu", object_encoder=(trunk, key_head))
+    first_scene, first_objects = small.scene_and_objects(0)
+    c = torch.tensor(0.05)
+    trunk.eval()
+    with torch.no_grad():
+        want_objects = into_hcl_ball(key_head(trunk(torch.stack(first_objects))), c)
+        want_scene = into_hcl_ball(head(trunk(first_scene[None])), c)
+    assert torch.allclose(seen["objects"][:len(first_objects)], want_objects, atol=1e-6)
+    assert torch.allclose(seen["scenes"][:1], want_scene, atol=1e-6)
     assert seen["owner"].tolist() == sorted(seen["owner"].tolist())
     assert seen["scenes"].norm(dim=1).max() < 1 / 0.05 ** 0.5  # points of the ball of c = 0.05
