@@ -44,3 +44,15 @@ def test_warm_start_uses_the_benchs_scale_unless_given():
     assert float(default) == pytest.approx(ud.WHITEN_SCALE * 128 ** 0.5, rel=1e-5)
     assert ud.WHITEN_SCALE == 100.0  # the scale the recorded tables were measured at
     assert float(given) == pytest.approx(10 * 128 ** 0.5, rel=1e-5)
+
+
+def test_keyword_options_take_literals_and_run_no_code():
+    from bench.unsupervised_defaults import keyword_literals, parse_args
+
+    assert keyword_literals("") == {}
+    assert keyword_literals("gamma=0.2, margin_form='contrastive', level_gamma=None") == {
+        "gamma": 0.2, "margin_form": "contrastive", "level_gamma": None}
+    for bad in ("__import__('os').getcwd()", "gamma=len('x')", "0.2", "gamma="):
+        with pytest.raises(SystemExit, match="name=literal"):
+            keyword_literals(bad)
+    assert parse_args(["--margin-kwargs", "gamma=0.2"]).margin_kwargs == "gamma=0.2"
