@@ -27,13 +27,10 @@ __all__ = ["scene_object_recall"]
 
 
 def _matrix(t, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
-        shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name} must be a non-empty 2-D tensor (one embedding per row), got {shape}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} holds NaN or inf")
+    pb.check_tensor(t, name)
+    if t.ndim != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D tensor (one embedding per row), got {tuple(t.shape)}")
+    pb.check_finite(t, name)
     return t.detach()
 
 

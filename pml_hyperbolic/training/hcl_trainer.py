@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from pytorch_metric_learning.losses import CrossBatchMemory
 
+from ..geometry import map_to_ball
 from ..losses import HyperbolicCrossBatchMemory
 from ..losses._common import REFERENCE_SET_LOSSES
 from .checkpoint import unwrap
@@ -28,13 +29,6 @@ from .trainer import HyperbolicTrainer
 
 
 TRUNK_TRAIN_MODES = ("all", "tail")
-
-
-def into_hcl_ball(embeddings: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """HCL's map of head outputs into the ball: ``project(expmap0(x, c), c)``, no feature clipping."""
-    from .. import poincare_ball as pb
-
-    return pb.project(pb.expmap0(embeddings, c), c)
 
 
 def train_only_the_tail(trunk: torch.nn.Module) -> int:
@@ -155,7 +149,7 @@ class HCLTrainer(HyperbolicTrainer):
         euclid = torch.nn.functional.normalize(torch.cat([q, k]), dim=1)
         self.losses["metric_loss"] = self.loss_funcs["metric_loss"](euclid, labels, enqueue_mask=mask)
         c = torch.as_tensor(self.curvature, dtype=torch.float32, device=q.device)
-        ball = into_hcl_ball(torch.cat([s, k]), c)
+        ball = map_to_ball(torch.cat([s, k]), c)  # no feature clipping (HCL)
         self.losses["hyperbolic_loss"] = self.loss_funcs["hyperbolic_loss"](ball, labels, enqueue_mask=mask)
 
     @torch.no_grad()

@@ -35,6 +35,11 @@ def union_box(boxes: Sequence[Box]) -> Box:
     return float(b[:, 0].min()), float(b[:, 1].min()), float(b[:, 2].max()), float(b[:, 3].max())
 
 
+def crop(image: Image.Image, box: Box) -> Image.Image:
+    """``image`` cropped to ``box``, its corners rounded to whole pixels."""
+    return image.crop(tuple(int(round(v)) for v in box))
+
+
 def enlarge_box(box: Box, factor: float, width: float, height: float) -> Box:
     """Scale a box about its centre, clipped to the image."""
     x0, y0, x1, y1 = box
@@ -83,8 +88,8 @@ class _SceneObjectBase(torch.utils.data.Dataset):
                 min(obj_box[2], scene_box[2]), min(obj_box[3], scene_box[3]))
 
     def make_item(self, image: Image.Image, boxes: List[Box], chosen: int, label: int):
-        scene = image.crop(tuple(int(round(v)) for v in union_box(boxes)))
-        obj = image.crop(tuple(int(round(v)) for v in self.object_box(boxes, chosen, image.width, image.height)))
+        scene = crop(image, union_box(boxes))
+        obj = crop(image, self.object_box(boxes, chosen, image.width, image.height))
         return (self.scene_transform(scene), self.view_transform(obj), self.view_transform(obj),
                 torch.tensor(label, dtype=torch.int64))
 
@@ -172,9 +177,9 @@ class ComposedGlyphScenes(_SceneObjectBase):
         object crops (as in training, unaugmented) through ``scene_transform``, for
         :func:`scene_object_report`."""
         canvas, boxes, _, _ = self.canvas(index)
-        scene = self.scene_transform(canvas.crop(tuple(int(round(v)) for v in union_box(boxes))))
-        objects = [self.scene_transform(canvas.crop(tuple(int(round(v)) for v in self.object_box(
-            boxes, k, canvas.width, canvas.height)))) for k in range(len(boxes))]
+        scene = self.scene_transform(crop(canvas, union_box(boxes)))
+        objects = [self.scene_transform(crop(canvas, self.object_box(boxes, k, canvas.width, canvas.height)))
+                   for k in range(len(boxes))]
         return scene, objects
 
 
@@ -309,7 +314,7 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
     """:func:`~pml_hyperbolic.evaluation.scene_object_recall` of a model on ``scenes``: every scene
     through ``embedder(trunk(·))``, every object it contains through ``object_encoder`` (HCL's momentum
     encoder, which makes the loss's object keys; default the same models), both into the ball as HCL's
-    hyperbolic branch maps them (:func:`~pml_hyperbolic.training.hcl_trainer.into_hcl_ball`), the
+    hyperbolic branch maps them (:func:`~pml_hyperbolic.geometry.map_to_ball`, no clipping), the
     models in eval mode for the call (their mode restored after).
 
     Args:
@@ -326,7 +331,7 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
         (its R@1) and ``line`` (the recipe's printed line) added.
     """
     from ..evaluation.scene_object_recall import scene_object_recall
-    from .hcl_trainer import into_hcl_ball
+    from ..geometry import map_to_ball
 
     scene_images, object_images, owner = [], [], []
     for i in range(len(scenes)):
@@ -346,7 +351,7 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
         finally:
             for m, mode in zip(models, modes):
                 m.train(mode)
-        return into_hcl_ball(torch.cat(out), c)
+        return map_to_ball(torch.cat(out), c)
 
     report = scene_object_recall(embed(scene_images, (trunk, embedder)),
                                  embed(object_images, object_encoder or (trunk, embedder)), torch.tensor(owner), c)

@@ -221,7 +221,7 @@ def test_scene_object_check_data_and_report(monkeypatch):
     monkeypatch.setattr(module, "scene_object_recall", spy)
     scene_object_report(trunk, head, small, curvature=0.05, device="cpu")
     assert torch.bincount(seen["owner"]).tolist() == [len(small.layout(i)[1]) for i in range(6)]
-    from pml_hyperbolic.training.hcl_trainer import into_hcl_ball
+    from pml_hyperbolic.geometry import map_to_ball
 
     key_head = torch.nn.Linear(16, 4)  # the objects go through the object encoder, the scenes do not
     scene_object_report(trunk, head, small, curvature=0.05, device="cpu", object_encoder=(trunk, key_head))
@@ -229,8 +229,8 @@ def test_scene_object_check_data_and_report(monkeypatch):
     c = torch.tensor(0.05)
     trunk.eval()
     with torch.no_grad():
-        want_objects = into_hcl_ball(key_head(trunk(torch.stack(first_objects))), c)
-        want_scene = into_hcl_ball(head(trunk(first_scene[None])), c)
+        want_objects = map_to_ball(key_head(trunk(torch.stack(first_objects))), c)
+        want_scene = map_to_ball(head(trunk(first_scene[None])), c)
     assert torch.allclose(seen["objects"][:len(first_objects)], want_objects, atol=1e-6)
     assert torch.allclose(seen["scenes"][:1], want_scene, atol=1e-6)
     assert seen["owner"].tolist() == sorted(seen["owner"].tolist())
