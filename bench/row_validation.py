@@ -7,7 +7,7 @@ training characters minus 32 validation characters (``--val-classes``; ``_qualit
 carve seed 0, or several carves with ``--carve-seeds``, each run with every seed, and then the paired
 R@1 difference to the first variant with its standard error; display-font queries against serif/sans
 gallery, like the test protocol) and is scored on them:
-validation R@1 and parent R@1 (the top-1 shares the query's radical), per run and as mean ± std,
+validation R@1, R@2, R@4, R@8 and parent R@1 (the top-1 shares the query's radical), per run and as mean ± std,
 and for a hyperbolic head the failure AUROC of the uncertainty −d₀, the median d₀ and the share of
 queries at the clip radius (``bench/radius.py``'s columns).
 ``--report-test`` then runs the variants once more on the real split (the 160 held-out characters)
@@ -73,7 +73,8 @@ def parent_labels(bank, split_labels: torch.Tensor) -> torch.Tensor:
     return class_parents(bank.train.labels, bank.train.super_labels)[split_labels.cpu()]
 
 
-COLUMNS = (("R@1", "recall_at_1", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("Spearman", "spearman", 1, 3),
+COLUMNS = (("R@1", "recall_at_1", 100, 1), ("R@2", "recall_at_2", 100, 1), ("R@4", "recall_at_4", 100, 1),
+           ("R@8", "recall_at_8", 100, 1), ("parent R@1", "parent_r1", 100, 1), ("Spearman", "spearman", 1, 3),
            ("AUROC fail", "auroc_fail", 1, 3),
            ("d₀ median", "d0_med", 1, 2), ("% at clip", "at_clip", 100, 1))
 
@@ -199,6 +200,8 @@ def main(argv=None):
                 line += f"{quality.paired_cell(r1, first)} | "
             line += " ".join(f"{v:.1f}" for v in r1) + " |"
             record = {"dataset": domain, "variant": name, "val R@1": round(float(r1.mean()), 2),
+                      **{f"val R@{k}": round(100 * float(np.mean([v[f"recall_at_{k}"] for v in val])), 2)
+                         for k in (2, 4, 8)},
                       "val R@1 − first": round(float((r1 - first).mean()), 2), "per_run_val_r1": r1.round(2).tolist()}
             if a.report_test:
                 test = [score(row, cfg, bank, s, test_parents) for s in seeds]

@@ -16,13 +16,13 @@ report Recall@K.
 """
 
 from pml_hyperbolic.training.cli import RecipeCommandLine  # torch-free: --help answers at once
-from pml_hyperbolic.training.config import (BUNDLED_DATASETS, greater_than_one,
-                                            nonnegative_float, nonnegative_int, positive_int, set_flag_defaults)
+from pml_hyperbolic.training.config import (BUNDLED_DATASETS, greater_than_one, nonnegative_float,
+                                            nonnegative_int, positive_int, set_flag_defaults, str2bool)
 from pml_hyperbolic.training.presets import DEFAULT_PSEUDO_LEVELS, PAPER_PSEUDO_LEVELS
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_LINKAGES as LINKAGES
 from pml_hyperbolic.training.presets import PSEUDO_LABEL_SOURCES as SOURCES
 from pml_hyperbolic.training.presets import DEFAULT_UNSUPERVISED_HEAD_INIT, DEFAULT_UNSUPERVISED_HEAD_INIT_SCALE
-from pml_hyperbolic.training.presets import HIER_MARGIN_GLYPH_HEAD_LR
+from pml_hyperbolic.training.presets import HIER_MARGIN_GLYPH_HEAD_LR, UNSUPERVISED_BUNDLED_HEAD_LR
 
 PAPER = {"backbone": "vit_small_patch16_224", "image_size": 224, "resize_size": 256, "batch_size": 120,
          "samples_per_class": 4, "lr": 3e-5, "epochs": 50, "steps_per_epoch": None, "curvature": 0.1}
@@ -34,6 +34,9 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
     real_dataset = "cub200"
     paper_presets = {"cub200": PAPER, "cars196": PAPER, "sop": PAPER}
     docs_page = "unsupervised.md"
+    # the pseudo-label training's head rate, chosen on validation carves of the three bundled domains
+    # (docs/design/recipe-defaults.md)
+    glyph_preset = {**RecipeCommandLine.glyph_preset, "head_lr": UNSUPERVISED_BUNDLED_HEAD_LR}
 
     @classmethod
     def presets(cls, args):
@@ -81,6 +84,9 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
                             f"{' '.join(map(str, PAPER_PSEUDO_LEVELS))}, features then embeddings).")
         g.add_argument("--omega", type=greater_than_one, default=1.2,
                        help="Ω > 1 of the log-ratio loss (the paper: 10).")
+        g.add_argument("--train-radius", type=str2bool, default=True, metavar="BOOL",
+                       help="Let the log-ratio loss's gradient move the radius (true: the paper's full gradient; "
+                            "false: directions only, HierarchicalLogRatioLoss(train_radius=False)).")
         g.add_argument("--gamma", type=nonnegative_float, default=0.05,
                        help="--supervised: margin offset γ of HierarchicalMarginLoss.")
         # the head's warm start (shared flags): on by default here, off by default with --supervised
@@ -119,8 +125,7 @@ class UnsupervisedHyperbolic(RecipeCommandLine):
                                           distance=PoincareDistance(c=self.geometry))
         from pml_hyperbolic.losses import HierarchicalLogRatioLoss
 
-        # the recipe's settings were chosen with the radial gradient (docs/design/pseudo-labels.md)
-        return HierarchicalLogRatioLoss(omega=self.args.omega, train_radius=True,
+        return HierarchicalLogRatioLoss(omega=self.args.omega, train_radius=self.args.train_radius,
                                         distance=PoincareDistance(c=self.geometry))
 
 
