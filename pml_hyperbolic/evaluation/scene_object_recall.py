@@ -46,9 +46,12 @@ def scene_object_recall(scene_embeddings: torch.Tensor, object_embeddings: torch
         c: the curvature: a number > 0, a tensor, or a :class:`~pml_hyperbolic.PoincareGeometry`.
 
     Returns:
-        ``{"recall_at_1", "chance", "scene_nearer_origin", "scenes", "objects"}``: the share of scenes
-        whose nearest object is contained in them, that share for a random ranking, the share of
-        (scene, contained object) pairs with the scene nearer the origin, and the counts.
+        ``{"recall_at_1", "chance", "scene_nearer_origin", "scene_d0_median", "object_d0_median",
+        "scenes", "objects"}``: the share of scenes whose nearest object is contained in them, that
+        share for a random ranking, the share of (scene, contained object) pairs with the scene nearer
+        the origin, the median (the lower middle value for an even count) distance to the origin d₀ of
+        the scenes and of the objects (scenes at the ball's edge while the objects are not: the
+        branch cannot rank objects by direction), and the counts.
 
     Raises:
         ValueError: an embedding matrix is empty, not 2-D or not finite; the two have different
@@ -83,4 +86,5 @@ def scene_object_recall(scene_embeddings: torch.Tensor, object_embeddings: torch
     return {"recall_at_1": float(hit.double().mean()),
             "chance": float((counts.double() / objects.shape[0]).mean()),
             "scene_nearer_origin": float(nearer.double().mean()),
+            "scene_d0_median": float(pb.dist0(s, cf).median()), "object_d0_median": float(pb.dist0(o, cf).median()),
             "scenes": int(n_scenes), "objects": int(objects.shape[0])}

@@ -358,5 +358,6 @@ def scene_object_report(trunk: torch.nn.Module, embedder: torch.nn.Module, scene
     report.update(name="scene→object R@1", value=report["recall_at_1"],
                   line=(f"scene→object R@1 {report['recall_at_1']:.4f} (chance {report['chance']:.4f}, "
                         f"{report['scenes']} held-out scenes), scenes nearer the origin than their objects "
-                        f"{report['scene_nearer_origin']:.2f}"))
+                        f"{report['scene_nearer_origin']:.2f}, median d₀ scenes {report['scene_d0_median']:.2f} / "
+                        f"objects {report['object_d0_median']:.2f}"))
     return report

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -20,6 +22,9 @@ def test_reference_values():
     assert out["chance"] == pytest.approx((2 / 3 + 1 / 3) / 2)
     assert out["scene_nearer_origin"] == 1.0  # 0.1 < 0.3, 0.1 < 0.5, 0.1 < 0.35
     assert (out["scenes"], out["objects"]) == (2, 3)
+    # d₀ = 2 artanh(‖x‖) at c = 1: both scenes at 0.1, the middle object at 0.35
+    assert out["scene_d0_median"] == pytest.approx(2 * math.atanh(0.1), rel=1e-6)
+    assert out["object_d0_median"] == pytest.approx(2 * math.atanh(0.35), rel=1e-6)
 
 
 def test_a_scene_whose_nearest_object_is_foreign_misses():
