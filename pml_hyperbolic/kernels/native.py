@@ -21,8 +21,8 @@ from torch import Tensor
 
 from .build import enabled, library, reset, status, switched_on
 
-__all__ = ["distance_tail", "enabled", "lca_backward", "lca_rows", "reset", "row_terms", "status", "switched_on",
-           "symmetric_distance_tail", "symmetric_gradient_weights", "uniform_rows"]
+__all__ = ["distance_tail", "enabled", "general_distance_tail", "lca_backward", "lca_rows", "reset", "row_terms",
+           "status", "switched_on", "symmetric_distance_tail", "symmetric_gradient_weights", "uniform_rows"]
 
 # Below this many elements a call runs on one thread (a thread hand-off costs more than it saves).
 _MIN_ELEMENTS_PER_THREAD = 1 << 18
@@ -137,6 +137,29 @@ def symmetric_tail_runner(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor, q
         return fn(G, S, x2, p2, q, inv_sqrt_c, close_factor, bounds)
 
     return run
+
+
+def general_distance_tail(G: Tensor, S: Tensor | None, x2: Tensor, p2: Tensor, y2: Tensor, q: Tensor,
+                          inv_sqrt_c: float, close_factor: float, threads: int = 1) -> int | None:
+    """In place, for x not y: ``G`` (N, M) holds x yᵀ; afterwards it holds the distance matrix D, and
+    ``S``, when given, S = √(W + W²/2), with s = x2_i + y2_j − 2G_ij and W = s·p2_i·q_j. Pairs with
+    s < close_factor·(x2_i + y2_j) get D = −1 (to be recomputed by the caller); returns their number,
+    or None (nothing written) when the native path does not apply. ``threads`` > 1 splits the rows."""
+    if not enabled() or G.ndim != 2 or not _usable(G, x2, p2, y2, q):
+        return None
+    n, m = G.shape
+    if x2.shape != (n,) or p2.shape != (n,) or y2.shape != (m,) or q.shape != (m,):
+        return None
+    if S is not None and (S.shape != G.shape or not _usable(G, S)):
+        return None
+    if G.numel() == 0:
+        return 0
+    lib = library()
+    if lib is None:
+        return None
+    parts = max(1, min(int(threads), n, G.numel() // _MIN_ELEMENTS_PER_THREAD))
+    return lib._native_gen_tail_(G, S, x2, p2, y2, q, inv_sqrt_c, close_factor,
+                                 [n * k // parts for k in range(parts + 1)])
 
 
 def symmetric_gradient_weights(U: Tensor, S: Tensor, threads: int = 1) -> bool:

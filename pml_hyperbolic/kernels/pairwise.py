@@ -33,6 +33,12 @@ symmetric). Same closeness test, same explicit recomputation of close pairs; any
 cover (no native library, extreme points, GPU, a collapsed float32 batch) takes the general path.
 ``PML_HYPERBOLIC_SYMMETRIC=0`` turns it off.
 
+General forward (x is not y on CPU, no extreme point): one Gram product x yᵀ, then one native pass
+(:func:`_general_forward`) that applies the closeness test below to s = ‖x_i‖² + ‖y_j‖² − 2 x_i·y_j,
+evaluates D and S, and marks the close pairs for their explicit recomputation: the augmented product's
+scaling and the prefilter's row minimum need no pass of their own. ``PML_HYPERBOLIC_GENERAL=0`` turns
+it off (the augmented product, the torch prefilter and the plain tail).
+
 Close pairs. A Gram product loses the small differences of nearby points: its absolute error on
 :math:`w_{ij}` is about :math:`\varepsilon_g\, p_i q_j (\|x_i\|^2 + \|y_j\|^2)`. Pairs whose
 :math:`P` is below that error scaled by ``1/_TARGET_REL_ERROR``, i.e.
@@ -97,8 +103,8 @@ from . import native as _native
 from .gram import (_EXTREME_A, _MAX_CLOSE_FRACTION, _SQRT2, _TINY64, _TINY_SQ_NORM, DENOM_FLOOR, _augmented,
                    _close_pairs, _dist_from_w, _explicit_w, _extreme_pairs, _extreme_points,
                    _gram_regular, _gram_W, _row_terms)
-from .tail import (_distance_tail, _folded_F, _give_scratch, _mirror_upper_, _mirror_upper_tiled_, _symmetric_forward,
-                   _symmetrize_)
+from .tail import (_distance_tail, _folded_F, _general_forward, _give_scratch, _mirror_upper_, _mirror_upper_tiled_,
+                   _symmetric_forward, _symmetrize_, general_enabled)
 from .threads import limited_threads, uncontended_threads
 
 def _composite_dist(x: Tensor, y: Tensor, c: Tensor, rows: Tensor, cols: Tensor, same: bool) -> Tensor:
@@ -160,6 +166,10 @@ def _forward_core(x: Tensor, y: Tensor, cf: float, same: bool, keep_S: bool = Tr
         done = _symmetric_forward(x, x2, inv_a, cf, keep_S)
         if done is not None:
             return (*done, x2, inv_a, y2, inv_b, False, True)
+    if not same and ext_x is None and ext_y is None and general_enabled():
+        done = _general_forward(x, y, x2, inv_a, y2, inv_b, cf, keep_S)
+        if done is not None:
+            return (*done, x2, inv_a, y2, inv_b, False, False)
     gram = _gram_W if ext_x is None and ext_y is None else functools.partial(
         _gram_regular, ext_x=ext_x, ext_y=ext_y)
     W, bound = gram(x, y, x2, inv_a, y2, inv_b, cf, dtype)

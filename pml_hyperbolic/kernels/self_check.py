@@ -39,7 +39,8 @@ def self_check(lib) -> None:
     for dtype, tol in ((torch.float32, 2e-5), (torch.float64, 1e-12)):
         name = "f32" if dtype == torch.float32 else "f64"
         for kernel, check in (("tail", _check_tail), ("log1p", _check_log1p), ("row_terms", _check_row_terms),
-                              ("sym_tail", _check_sym_tail), ("sym_grad", _check_sym_grad),
+                              ("sym_tail", _check_sym_tail), ("gen_tail", _check_gen_tail),
+                              ("sym_grad", _check_sym_grad),
                               ("uniform_rows", _check_uniform_rows), ("lca_rows", _check_lca_rows),
                               ("lca_backward", _check_lca_backward)):
             if not check(lib, dtype, tol):
@@ -103,6 +104,28 @@ def _check_sym_tail(lib, dtype, tol) -> bool:
     upper[3, 5] = False
     return (count == 2 and _close(Gn, D_ref, tol) and _close(Sn[upper], S_ref[upper], tol)
             and bool((Sn.diagonal() == 0).all()))
+
+
+def _check_gen_tail(lib, dtype, tol) -> bool:
+    n, m, c = 7, 5, 0.5
+    x = ((_sample((n, 3), 4) - 0.5) * 1.5).to(dtype)
+    y = ((_sample((m, 3), 5) - 0.5) * 1.5).to(dtype)
+    y[2] = x[4]  # one coincident pair: marked -1, counted once
+    x2, y2 = (x.double() ** 2).sum(1), (y.double() ** 2).sum(1)
+    G = x.double() @ y.double().T
+    p2, q = 2 * c / (1 - c * x2), 1 / (1 - c * y2)
+    x2n, p2n, y2n, qn = x2.to(dtype), p2.to(dtype), y2.to(dtype), q.to(dtype)
+    Gn = G.to(dtype, copy=True)  # (float64: not G itself, which the reference reads below)
+    Sn = torch.full((n, m), math.nan, dtype=dtype)
+    count = lib._native_gen_tail_(Gn, Sn, x2n, p2n, y2n, qn, 1.0 / math.sqrt(c), 1e-3, [0, 3, n])
+    sq = x2n.double().view(-1, 1) + y2n.double().view(1, -1) - 2 * G.to(dtype).double()
+    W = sq * p2n.double().view(-1, 1) * qn.double().view(1, -1)
+    S_ref = torch.sqrt(W + W * W / 2)
+    D_ref = torch.log1p(W + math.sqrt(2.0) * S_ref) / math.sqrt(c)
+    D_ref[4, 2] = -1.0
+    regular = torch.ones(n, m, dtype=torch.bool)
+    regular[4, 2] = False
+    return count == 1 and _close(Gn, D_ref, tol) and _close(Sn[regular], S_ref[regular], tol)
 
 
 def _check_sym_grad(lib, dtype, tol) -> bool:

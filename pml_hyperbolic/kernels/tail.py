@@ -157,6 +157,11 @@ def _folded_F(z: Tensor, x: Tensor, x2: Tensor, p: Tensor) -> Tensor:
     return p * (x2 * z[:, dim] + z[:, dim + 1] - 2.0 * torch.linalg.vecdot(x, z[:, :dim]))
 
 
+def general_enabled() -> bool:
+    """False when ``PML_HYPERBOLIC_GENERAL=0``: x is not y then takes the torch prefilter and the plain tail."""
+    return _native.switched_on("PML_HYPERBOLIC_GENERAL")
+
+
 def symmetric_enabled() -> bool:
     """False when ``PML_HYPERBOLIC_SYMMETRIC=0``: x is y then takes the general path too."""
     return _native.switched_on("PML_HYPERBOLIC_SYMMETRIC")
@@ -174,6 +179,40 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     if threads > 1:
         return (-(-n // 3) // 16 + 1) * 16
     return min(max(128, (n // 8) // 16 * 16), 384)
+
+
+def _general_forward(x: Tensor, y: Tensor, x2: Tensor, inv_a: Tensor, y2: Tensor, inv_b: Tensor, cf: float,
+                     keep_S: bool):
+    """The forward for x is not y on CPU through the native general tail
+    (:func:`pml_hyperbolic.kernels.native.general_distance_tail`): one Gram product x yᵀ, then one pass that
+    tests closeness, evaluates D (and S) and marks the close pairs, which are recomputed from explicit
+    differences in float64. The closeness test is the one of :func:`_gram_W` (the same f), applied to
+    s = ‖x_i‖² + ‖y_j‖² − 2 x_i·y_j: the prefilter's row minimum and the augmented product's scaling are
+    folded into that one pass. Returns (D, S, rows, cols, w_close), or None when this path does not apply
+    (not CPU float32 / float64, no native library, or a float32 batch with more than
+    ``_MAX_CLOSE_FRACTION`` close pairs, which the general path redoes in float64); nothing is then kept.
+    The caller keeps extreme points off this path."""
+    dtype = x.dtype
+    if (x.device.type != "cpu" or dtype not in (torch.float32, torch.float64) or y.dtype != dtype
+            or not _native.enabled() or _native.status() != "native"):
+        return None
+    G = torch.mm(x, y.T)
+    S = _take_scratch(G) if keep_S else None
+    factor = _gram_error(dtype, x.shape[1] + 2) / _TARGET_REL_ERROR[dtype]
+    n_close = _native.general_distance_tail(G, S, x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), y2.to(dtype),
+                                            inv_b.to(dtype), 1.0 / math.sqrt(cf), factor, torch.get_num_threads())
+    if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
+        if S is not None:
+            _give_scratch(S)
+        return None
+    if n_close:
+        rows, cols = torch.nonzero(G < 0, as_tuple=True)
+        w_close = _explicit_w(x, y, rows, cols, inv_a, inv_b, cf)
+        G[rows, cols] = _dist_from_w(w_close, cf, dtype)
+    else:
+        rows = cols = torch.zeros(0, dtype=torch.long)
+        w_close = x2.new_zeros(0)
+    return G, S, rows, cols, w_close
 
 
 def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: bool,

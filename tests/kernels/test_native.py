@@ -195,16 +195,21 @@ def test_pairwise_dist_native_and_torch_paths_agree(dtype, same, monkeypatch):
 
 
 @needs_native
-def test_the_kernel_takes_the_native_path_and_gradcheck_passes(monkeypatch):
+@pytest.mark.parametrize("general", ["1", "0"])
+def test_the_kernel_takes_the_native_path_and_gradcheck_passes(monkeypatch, general):
+    # x is not y: the general native tail (closeness test inside it), or with PML_HYPERBOLIC_GENERAL=0 the
+    # torch prefilter and the plain native tail
+    monkeypatch.setenv("PML_HYPERBOLIC_GENERAL", general)
+    name = "general_distance_tail" if general == "1" else "distance_tail"
     calls = []
-    real = _native.distance_tail
-    monkeypatch.setattr(_native, "distance_tail", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+    real = getattr(_native, name)
+    monkeypatch.setattr(_native, name, lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
     x = radial_points(7, 4, 0.0, 2.0, 0, torch.float64).requires_grad_(True)
     y = radial_points(5, 4, 0.0, 2.0, 1, torch.float64).requires_grad_(True)
     c = torch.tensor(C, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(pb.pairwise_dist, (x, y, c))
     assert torch.autograd.gradcheck(lambda a, cc: pb.pairwise_dist(a, a, cc), (x, c))
-    assert calls and all(calls)
+    assert calls and all(v is not None and v is not False for v in calls)
 
 
 # ------------------------------------------------------------------ fallbacks

@@ -172,6 +172,43 @@ static inline double log1p_nonneg_d(double u)
 PML_TAIL(pml_tail_f32, float, sqrtf, log1p_nonneg_f, PML_SQRT2_F, 0x1.fffffep127f)
 PML_TAIL(pml_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.fffffffffffffp1023)
 
+/* x is not y: rows [row_begin, row_end) of G = x y^T (n_cols wide) -> D, with s = x2_i + y2_j - 2 G_ij and
+ * W = s p2_i q_j; pairs with s < f (x2_i + y2_j), which the Gram product cannot resolve, get D = -1 (the caller
+ * recomputes them) and are counted in *n_close. S (or NULL) as in PML_TAIL. */
+#define PML_GEN_TAIL(NAME, T, SQRT, LOG1P, SQRT2, T_MAX)                                             \
+    PML_CLONES                                                                                       \
+    void NAME(T *restrict G, T *restrict S, const T *restrict x2, const T *restrict p2,              \
+              const T *restrict y2, const T *restrict q, long row_begin, long row_end, long n_cols,  \
+              T inv_sqrt_c, T f, long *restrict n_close)                                             \
+    {                                                                                                \
+        long close = 0;                                                                              \
+        for (long i = row_begin; i < row_end; ++i) {                                                 \
+            T *restrict g = G + i * n_cols;                                                          \
+            T *restrict s_row = S ? S + i * n_cols : NULL;                                           \
+            const T xi = x2[i], pi = p2[i];                                                          \
+            long row_close = 0;                                                                      \
+            for (long j = 0; j < n_cols; ++j) {                                                      \
+                const T norms = xi + y2[j];                                                          \
+                const T sq = norms - (T)2 * g[j];                                                    \
+                const int is_close = sq < f * norms;                                                 \
+                const T w = sq * (pi * q[j]);                                                        \
+                const T s = SQRT(w + (T)0.5 * w * w);                                                \
+                const T u = w + SQRT2 * s;                                                           \
+                const int finite = u >= (T)0 && u <= T_MAX;                                          \
+                const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                                   \
+                row_close += is_close;                                                               \
+                g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                    \
+                if (s_row)                                                                           \
+                    s_row[j] = s;                                                                    \
+            }                                                                                        \
+            close += row_close;                                                                      \
+        }                                                                                            \
+        *n_close = close;                                                                            \
+    }
+
+PML_GEN_TAIL(pml_gen_tail_f32, float, sqrtf, log1p_nonneg_f, PML_SQRT2_F, 0x1.fffffep127f)
+PML_GEN_TAIL(pml_gen_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.fffffffffffffp1023)
+
 /* log1p(u) elementwise (u >= 0 finite): exposed for the tests' reference values. */
 PML_CLONES
 void pml_log1p_f32(const float *restrict u, float *restrict out, long n)

@@ -60,6 +60,7 @@ template <> struct C<float> {
   static constexpr auto tail = pml_tail_f32;
   static constexpr auto log1p = pml_log1p_f32;
   static constexpr auto sym_tail = pml_sym_tail_f32;
+  static constexpr auto gen_tail = pml_gen_tail_f32;
   static constexpr auto sym_grad = pml_sym_grad_f32;
   static constexpr auto row_terms = pml_row_terms_f32;
   static constexpr auto uniform_rows = pml_uniform_rows_f32;
@@ -70,6 +71,7 @@ template <> struct C<double> {
   static constexpr auto tail = pml_tail_f64;
   static constexpr auto log1p = pml_log1p_f64;
   static constexpr auto sym_tail = pml_sym_tail_f64;
+  static constexpr auto gen_tail = pml_gen_tail_f64;
   static constexpr auto sym_grad = pml_sym_grad_f64;
   static constexpr auto row_terms = pml_row_terms_f64;
   static constexpr auto uniform_rows = pml_uniform_rows_f64;
@@ -149,6 +151,48 @@ int64_t sym_tail_(Tensor G, std::optional<Tensor> S, Tensor x2, Tensor p2, Tenso
   }
   return f32 ? sym_tail_t<float>(G, S, x2, p2, q, inv_sqrt_c, close, bounds)
              : sym_tail_t<double>(G, S, x2, p2, q, inv_sqrt_c, close, bounds);
+}
+
+// x is not y: G = x y^T -> D; returns the close pairs' count (marked -1 in D).
+template <class T>
+int64_t gen_tail_t(Tensor& G, const std::optional<Tensor>& S, const Tensor& x2, const Tensor& p2, const Tensor& y2,
+                   const Tensor& q, double inv_sqrt_c, double close, at::IntArrayRef bounds) {
+  const int64_t parts = bounds.size() - 1;
+  std::vector<long> counts(parts > 0 ? parts : 0, 0);
+  T* g = G.data_ptr<T>();
+  T* s = ptr<T>(S);
+  const T *a = x2.data_ptr<T>(), *b = p2.data_ptr<T>(), *c2 = y2.data_ptr<T>(), *cq = q.data_ptr<T>();
+  const long cols = G.size(1);
+  in_parallel(parts, [&](int64_t k) {
+    C<T>::gen_tail(g, s, a, b, c2, cq, bounds[k], bounds[k + 1], cols, (T)inv_sqrt_c, (T)close, &counts[k]);
+  });
+  int64_t total = 0;
+  for (long c : counts) total += c;
+  return total;
+}
+
+int64_t gen_tail_(Tensor G, std::optional<Tensor> S, Tensor x2, Tensor p2, Tensor y2, Tensor q, double inv_sqrt_c,
+                  double close, at::IntArrayRef bounds) {
+  TORCH_CHECK(G.dim() == 2, "_native_gen_tail_: G must be (N, M)");
+  const bool f32 = single(G);
+  expect(G, G, "G");
+  for (const Tensor* t : {&x2, &p2}) {
+    expect(*t, G, "x2, p2");
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == G.size(0), "_native_gen_tail_: x2, p2 must be (N,)");
+  }
+  for (const Tensor* t : {&y2, &q}) {
+    expect(*t, G, "y2, q");
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == G.size(1), "_native_gen_tail_: y2, q must be (M,)");
+  }
+  if (S.has_value()) {
+    expect(*S, G, "S");
+    TORCH_CHECK(S->sizes() == G.sizes(), "_native_gen_tail_: S must have G's shape");
+  }
+  for (size_t k = 0; k < bounds.size(); ++k)
+    TORCH_CHECK(bounds[k] >= 0 && bounds[k] <= G.size(0) && (k == 0 || bounds[k] >= bounds[k - 1]),
+                "_native_gen_tail_: bounds must be non-decreasing rows in [0, N]");
+  return f32 ? gen_tail_t<float>(G, S, x2, p2, y2, q, inv_sqrt_c, close, bounds)
+             : gen_tail_t<double>(G, S, x2, p2, y2, q, inv_sqrt_c, close, bounds);
 }
 
 // S (above the diagonal) -> E = U/S + (U/S)^T; U read with its strides.
@@ -293,6 +337,8 @@ TORCH_LIBRARY_FRAGMENT(pml_hyperbolic, m) {
   m.def("_native_log1p(Tensor u, Tensor(a!) out) -> ()");
   m.def("_native_sym_tail_(Tensor(a!) G, Tensor(b!)? S, Tensor x2, Tensor p2, Tensor q, float inv_sqrt_c, "
         "float close, int[] bounds) -> int");
+  m.def("_native_gen_tail_(Tensor(a!) G, Tensor(b!)? S, Tensor x2, Tensor p2, Tensor y2, Tensor q, float inv_sqrt_c, "
+        "float close, int[] bounds) -> int");
   m.def("_native_sym_grad_(Tensor U, Tensor(a!) S, int[] bounds) -> ()");
   m.def("_native_row_terms(Tensor x, float c, float floor, float extreme_inv_a, float tiny_sq, bool extras) "
         "-> (Tensor, Tensor, Tensor, int, int)");
@@ -309,6 +355,7 @@ TORCH_LIBRARY_IMPL(pml_hyperbolic, CPU, m) {
   m.impl("_native_tail_", TORCH_FN(tail_));
   m.impl("_native_log1p", TORCH_FN(log1p_out));
   m.impl("_native_sym_tail_", TORCH_FN(sym_tail_));
+  m.impl("_native_gen_tail_", TORCH_FN(gen_tail_));
   m.impl("_native_sym_grad_", TORCH_FN(sym_grad_));
   m.impl("_native_row_terms", TORCH_FN(row_terms));
   m.impl("_native_uniform_rows_", TORCH_FN(uniform_rows_));
