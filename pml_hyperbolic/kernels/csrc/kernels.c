@@ -187,19 +187,32 @@ PML_TAIL(pml_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.ffffffffff
             T *restrict s_row = S ? S + i * n_cols : NULL;                                           \
             const T xi = x2[i], pi = p2[i];                                                          \
             long row_close = 0;                                                                      \
-            for (long j = 0; j < n_cols; ++j) {                                                      \
-                const T norms = xi + y2[j];                                                          \
-                const T sq = norms - (T)2 * g[j];                                                    \
-                const int is_close = sq < f * norms;                                                 \
-                const T w = sq * (pi * q[j]);                                                        \
-                const T s = SQRT(w + (T)0.5 * w * w);                                                \
-                const T u = w + SQRT2 * s;                                                           \
-                const int finite = u >= (T)0 && u <= T_MAX;                                          \
-                const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                                   \
-                row_close += is_close;                                                               \
-                g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                    \
-                if (s_row)                                                                           \
+            if (s_row) {                                                                             \
+                for (long j = 0; j < n_cols; ++j) {                                                  \
+                    const T norms = xi + y2[j];                                                      \
+                    const T sq = norms - (T)2 * g[j];                                                \
+                    const int is_close = sq < f * norms;                                             \
+                    const T w = sq * (pi * q[j]);                                                    \
+                    const T s = SQRT(w + (T)0.5 * w * w);                                            \
+                    const T u = w + SQRT2 * s;                                                       \
+                    const int finite = u >= (T)0 && u <= T_MAX;                                      \
+                    const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                               \
+                    row_close += is_close;                                                           \
+                    g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                \
                     s_row[j] = s;                                                                    \
+                }                                                                                    \
+            } else {                                                                                 \
+                for (long j = 0; j < n_cols; ++j) {                                                  \
+                    const T norms = xi + y2[j];                                                      \
+                    const T sq = norms - (T)2 * g[j];                                                \
+                    const int is_close = sq < f * norms;                                             \
+                    const T w = sq * (pi * q[j]);                                                    \
+                    const T u = w + SQRT2 * SQRT(w + (T)0.5 * w * w);                                \
+                    const int finite = u >= (T)0 && u <= T_MAX;                                      \
+                    const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                               \
+                    row_close += is_close;                                                           \
+                    g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                \
+                }                                                                                    \
             }                                                                                        \
             close += row_close;                                                                      \
         }                                                                                            \
