@@ -181,6 +181,27 @@ def _symmetric_block_rows(n: int, threads: int) -> int:
     return min(max(128, (n // 8) // 16 * 16), 384)
 
 
+def _recompute_marked(G: Tensor, S: Tensor | None, n_close: int | None, x: Tensor, y: Tensor, inv_a: Tensor,
+                      inv_b: Tensor, cf: float):
+    """After a native tail that marked its close pairs with D = −1 and counted them: those pairs' D from
+    explicit float64 differences, as ``(D, S, rows, cols, w_close)``; None (S given back) when the tail did
+    not run or a float32 batch has more than ``_MAX_CLOSE_FRACTION`` close pairs (the caller's general path
+    then redoes the product in float64)."""
+    dtype = G.dtype
+    if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
+        if S is not None:
+            _give_scratch(S)
+        return None
+    if n_close:
+        rows, cols = torch.nonzero(G < 0, as_tuple=True)
+        w_close = _explicit_w(x, y, rows, cols, inv_a, inv_b, cf)
+        G[rows, cols] = _dist_from_w(w_close, cf, dtype)
+    else:
+        rows = cols = torch.zeros(0, dtype=torch.long)
+        w_close = inv_a.new_zeros(0)
+    return G, S, rows, cols, w_close
+
+
 def _general_forward(x: Tensor, y: Tensor, x2: Tensor, inv_a: Tensor, y2: Tensor, inv_b: Tensor, cf: float,
                      keep_S: bool):
     """The forward for x is not y on CPU through the native general tail
@@ -201,18 +222,7 @@ def _general_forward(x: Tensor, y: Tensor, x2: Tensor, inv_a: Tensor, y2: Tensor
     factor = _gram_error(dtype, x.shape[1] + 2) / _TARGET_REL_ERROR[dtype]
     n_close = _native.general_distance_tail(G, S, x2.to(dtype), ((2.0 * cf) * inv_a).to(dtype), y2.to(dtype),
                                             inv_b.to(dtype), 1.0 / math.sqrt(cf), factor, torch.get_num_threads())
-    if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
-        if S is not None:
-            _give_scratch(S)
-        return None
-    if n_close:
-        rows, cols = torch.nonzero(G < 0, as_tuple=True)
-        w_close = _explicit_w(x, y, rows, cols, inv_a, inv_b, cf)
-        G[rows, cols] = _dist_from_w(w_close, cf, dtype)
-    else:
-        rows = cols = torch.zeros(0, dtype=torch.long)
-        w_close = x2.new_zeros(0)
-    return G, S, rows, cols, w_close
+    return _recompute_marked(G, S, n_close, x, y, inv_a, inv_b, cf)
 
 
 def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: bool,
@@ -250,17 +260,6 @@ def _symmetric_forward(x: Tensor, x2: Tensor, inv_a: Tensor, cf: float, keep_S: 
                 n_close += tail(start, min(n, start + block))
         if threads > 1:
             n_close = tail(0, n, threads=threads)
-    if n_close is None or (dtype == torch.float32 and n_close > _MAX_CLOSE_FRACTION * G.numel()):
-        if S is not None:
-            _give_scratch(S)
-        return None
-    if n_close:
-        rows, cols = torch.nonzero(G < 0, as_tuple=True)
-        w_close = _explicit_w(x, x, rows, cols, inv_a, inv_a, cf)
-        G[rows, cols] = _dist_from_w(w_close, cf, dtype)
-    else:
-        rows = cols = torch.zeros(0, dtype=torch.long)
-        w_close = x2.new_zeros(0)
-    return G, S, rows, cols, w_close
+    return _recompute_marked(G, S, n_close, x, x, inv_a, inv_a, cf)
 
 
