@@ -172,6 +172,24 @@ static inline double log1p_nonneg_d(double u)
 PML_TAIL(pml_tail_f32, float, sqrtf, log1p_nonneg_f, PML_SQRT2_F, 0x1.fffffep127f)
 PML_TAIL(pml_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.fffffffffffffp1023)
 
+/* One pair of the Gram-based tails (symmetric and general): with NORMS = ||x_i||^2 + ||y_j||^2 and SCALE =
+ * p2_i q_j, s = NORMS - 2 GJ and W = s SCALE; GJ (the Gram entry) becomes D, or -1 for a pair the product cannot
+ * resolve (s < F NORMS, counted in CLOSE); S_VAR receives S = sqrt(W + W^2/2). */
+#define PML_GRAM_PAIR(T, SQRT, LOG1P, SQRT2, T_MAX,                                                  \
+              NORMS, SCALE, GJ, F, INV_SQRT_C, CLOSE, S_VAR)                                         \
+    do {                                                                                             \
+        const T norms_ = (NORMS);                                                                    \
+        const T sq_ = norms_ - (T)2 * (GJ);                                                          \
+        const int close_ = sq_ < (F) * norms_;                                                       \
+        const T w_ = sq_ * (SCALE);                                                                  \
+        (S_VAR) = SQRT(w_ + (T)0.5 * w_ * w_);                                                       \
+        const T u_ = w_ + SQRT2 * (S_VAR);                                                           \
+        const int finite_ = u_ >= (T)0 && u_ <= T_MAX;                                               \
+        const T d_ = LOG1P(finite_ ? u_ : (T)0) * (INV_SQRT_C);                                      \
+        (CLOSE) += close_;                                                                           \
+        (GJ) = close_ ? (T)-1 : (finite_ ? d_ : (u_ > (T)0 ? u_ : (T)NAN));                          \
+    } while (0)
+
 /* x is not y: rows [row_begin, row_end) of G = x y^T (n_cols wide) -> D, with s = x2_i + y2_j - 2 G_ij and
  * W = s p2_i q_j; pairs with s < f (x2_i + y2_j), which the Gram product cannot resolve, get D = -1 (the caller
  * recomputes them) and are counted in *n_close. S (or NULL) as in PML_TAIL. */
@@ -189,29 +207,17 @@ PML_TAIL(pml_tail_f64, double, sqrt, log1p_nonneg_d, PML_SQRT2_D, 0x1.ffffffffff
             long row_close = 0;                                                                      \
             if (s_row) {                                                                             \
                 for (long j = 0; j < n_cols; ++j) {                                                  \
-                    const T norms = xi + y2[j];                                                      \
-                    const T sq = norms - (T)2 * g[j];                                                \
-                    const int is_close = sq < f * norms;                                             \
-                    const T w = sq * (pi * q[j]);                                                    \
-                    const T s = SQRT(w + (T)0.5 * w * w);                                            \
-                    const T u = w + SQRT2 * s;                                                       \
-                    const int finite = u >= (T)0 && u <= T_MAX;                                      \
-                    const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                               \
-                    row_close += is_close;                                                           \
-                    g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                \
+                    T s;                                                                             \
+                    PML_GRAM_PAIR(T, SQRT, LOG1P, SQRT2, T_MAX,                                      \
+                                  xi + y2[j], pi * q[j], g[j], f, inv_sqrt_c, row_close, s);         \
                     s_row[j] = s;                                                                    \
                 }                                                                                    \
             } else {                                                                                 \
                 for (long j = 0; j < n_cols; ++j) {                                                  \
-                    const T norms = xi + y2[j];                                                      \
-                    const T sq = norms - (T)2 * g[j];                                                \
-                    const int is_close = sq < f * norms;                                             \
-                    const T w = sq * (pi * q[j]);                                                    \
-                    const T u = w + SQRT2 * SQRT(w + (T)0.5 * w * w);                                \
-                    const int finite = u >= (T)0 && u <= T_MAX;                                      \
-                    const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                               \
-                    row_close += is_close;                                                           \
-                    g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));                \
+                    T s;                                                                             \
+                    PML_GRAM_PAIR(T, SQRT, LOG1P, SQRT2, T_MAX,                                      \
+                                  xi + y2[j], pi * q[j], g[j], f, inv_sqrt_c, row_close, s);         \
+                    (void)s;                                                                         \
                 }                                                                                    \
             }                                                                                        \
             close += row_close;                                                                      \
@@ -431,29 +437,17 @@ PML_MIRROR(pml_mirror_f64, double, pml_mirror_block_f64)
                     if (S) {                                                                         \
                         T *restrict s_row = S + i * n;                                               \
                         for (long j = start; j < j1; ++j) {                                          \
-                            const T norms = xi + x2[j];                                              \
-                            const T sq = norms - (T)2 * g[j];                                        \
-                            const int is_close = sq < f * norms;                                     \
-                            const T w = sq * (pi * q[j]);                                            \
-                            const T s = SQRT(w + (T)0.5 * w * w);                                    \
-                            const T u = w + SQRT2 * s;                                               \
-                            const int finite = u >= (T)0 && u <= T_MAX;                              \
-                            const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                       \
-                            row_close += is_close;                                                   \
-                            g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));        \
+                            T s;                                                                     \
+                            PML_GRAM_PAIR(T, SQRT, LOG1P, SQRT2, T_MAX,                              \
+                                          xi + x2[j], pi * q[j], g[j], f, inv_sqrt_c, row_close, s); \
                             s_row[j] = s;                                                            \
                         }                                                                            \
                     } else {                                                                         \
                         for (long j = start; j < j1; ++j) {                                          \
-                            const T norms = xi + x2[j];                                              \
-                            const T sq = norms - (T)2 * g[j];                                        \
-                            const int is_close = sq < f * norms;                                     \
-                            const T w = sq * (pi * q[j]);                                            \
-                            const T u = w + SQRT2 * SQRT(w + (T)0.5 * w * w);                        \
-                            const int finite = u >= (T)0 && u <= T_MAX;                              \
-                            const T d = LOG1P(finite ? u : (T)0) * inv_sqrt_c;                       \
-                            row_close += is_close;                                                   \
-                            g[j] = is_close ? (T)-1 : (finite ? d : (u > (T)0 ? u : (T)NAN));        \
+                            T s;                                                                     \
+                            PML_GRAM_PAIR(T, SQRT, LOG1P, SQRT2, T_MAX,                              \
+                                          xi + x2[j], pi * q[j], g[j], f, inv_sqrt_c, row_close, s); \
+                            (void)s;                                                                 \
                         }                                                                            \
                     }                                                                                \
                     close += row_close;                                                              \
