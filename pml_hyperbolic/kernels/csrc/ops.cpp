@@ -118,22 +118,27 @@ void log1p_out(Tensor u, Tensor out) {
   }
 }
 
+// part(k, &count_k) for every k in [0, parts), as in_parallel; returns the sum of the parts' counts.
+template <class F>
+int64_t counted_in_parallel(int64_t parts, const F& part) {
+  std::vector<long> counts(parts > 0 ? parts : 0, 0);
+  in_parallel(parts, [&](int64_t k) { part(k, &counts[k]); });
+  int64_t total = 0;
+  for (long c : counts) total += c;
+  return total;
+}
+
 // x is y: G (x x^T above the diagonal) -> the full symmetric D; returns the close pairs' count.
 template <class T>
 int64_t sym_tail_t(Tensor& G, const std::optional<Tensor>& S, const Tensor& x2, const Tensor& p2, const Tensor& q,
                    double inv_sqrt_c, double close, at::IntArrayRef bounds) {
-  const int64_t parts = bounds.size() - 1;
-  std::vector<long> counts(parts > 0 ? parts : 0, 0);
   T* g = G.data_ptr<T>();
   T* s = ptr<T>(S);
   const T *a = x2.data_ptr<T>(), *b = p2.data_ptr<T>(), *cq = q.data_ptr<T>();
   const long n = G.size(0);
-  in_parallel(parts, [&](int64_t k) {
-    C<T>::sym_tail(g, s, a, b, cq, n, (T)inv_sqrt_c, (T)close, bounds[k], bounds[k + 1], &counts[k]);
+  return counted_in_parallel(bounds.size() - 1, [&](int64_t k, long* count) {
+    C<T>::sym_tail(g, s, a, b, cq, n, (T)inv_sqrt_c, (T)close, bounds[k], bounds[k + 1], count);
   });
-  int64_t total = 0;
-  for (long c : counts) total += c;
-  return total;
 }
 
 int64_t sym_tail_(Tensor G, std::optional<Tensor> S, Tensor x2, Tensor p2, Tensor q, double inv_sqrt_c, double close,
@@ -157,18 +162,13 @@ int64_t sym_tail_(Tensor G, std::optional<Tensor> S, Tensor x2, Tensor p2, Tenso
 template <class T>
 int64_t gen_tail_t(Tensor& G, const std::optional<Tensor>& S, const Tensor& x2, const Tensor& p2, const Tensor& y2,
                    const Tensor& q, double inv_sqrt_c, double close, at::IntArrayRef bounds) {
-  const int64_t parts = bounds.size() - 1;
-  std::vector<long> counts(parts > 0 ? parts : 0, 0);
   T* g = G.data_ptr<T>();
   T* s = ptr<T>(S);
   const T *a = x2.data_ptr<T>(), *b = p2.data_ptr<T>(), *c2 = y2.data_ptr<T>(), *cq = q.data_ptr<T>();
   const long cols = G.size(1);
-  in_parallel(parts, [&](int64_t k) {
-    C<T>::gen_tail(g, s, a, b, c2, cq, bounds[k], bounds[k + 1], cols, (T)inv_sqrt_c, (T)close, &counts[k]);
+  return counted_in_parallel(bounds.size() - 1, [&](int64_t k, long* count) {
+    C<T>::gen_tail(g, s, a, b, c2, cq, bounds[k], bounds[k + 1], cols, (T)inv_sqrt_c, (T)close, count);
   });
-  int64_t total = 0;
-  for (long c : counts) total += c;
-  return total;
 }
 
 int64_t gen_tail_(Tensor G, std::optional<Tensor> S, Tensor x2, Tensor p2, Tensor y2, Tensor q, double inv_sqrt_c,
