@@ -26,21 +26,25 @@ def status() -> dict:
     """Which implementation the kernels run in this process, and why.
 
     Returns:
-        ``{"pairwise": path, "hier_lca": path, "reason": str, "cuda_pairwise": str, "cuda_reason":
-        str}`` with path ``"native"`` when the
+        ``{"pairwise": path, "hier_lca": path, "reason": str, "cpu_threads": str, "cuda_pairwise": str,
+        "cuda_reason": str}`` with path ``"native"`` when the
         compiled kernels loaded and passed their self-check, else ``"torch"`` (the reference torch
         path) with the reason (disabled by ``PML_HYPERBOLIC_NATIVE=0``, no compiler, a failed build or
         self-check). ``"pairwise"``: the distance ops (``pml_hyperbolic::pairwise_poincare_dist``,
         ``::poincare_row_terms``); ``"hier_lca"``: HIER's LCA rows on CPU
         (``pml_hyperbolic::hier_lca_rows`` and its backward; off the CPU they always run the torch ops);
+        ``"cpu_threads"``: ``"torch's intra-op threads"`` (the native kernels built with OpenMP, or the
+        torch path) or ``"one"`` (a native build without OpenMP, see :func:`build.parallel`);
         ``"cuda_pairwise"``: the distance on CUDA tensors, ``"triton"``, ``"torch"`` or ``"none"`` (no
         CUDA device), with ``"cuda_reason"``.
     """
     text = build.status()
     path = "native" if text == "native" else "torch"
     reason = "compiled kernels loaded and self-checked" if path == "native" else text
+    threads = "one" if path == "native" and not build.parallel() else "torch's intra-op threads"
     cuda, cuda_reason = _cuda_path()
-    return {"pairwise": path, "hier_lca": path, "reason": reason, "cuda_pairwise": cuda, "cuda_reason": cuda_reason}
+    return {"pairwise": path, "hier_lca": path, "reason": reason, "cpu_threads": threads, "cuda_pairwise": cuda,
+            "cuda_reason": cuda_reason}
 
 
 def _cuda_path() -> tuple[str, str]:

@@ -9,7 +9,12 @@ changed source, torch or flag set builds anew, never reuses a stale object. cpp_
 folder while it builds, so processes that start together (pytest-xdist, DDP ranks) build once.
 The compiler is cpp_extension's (``CXX``, else ``c++``); ``PML_HYPERBOLIC_CC`` names another one.
 
-Flags. ``-O3 -fno-math-errno -fno-trapping-math``: both only drop C's side channels (``errno``, FP
+Flags. ``-fopenmp`` (compile and link): ATen's ``at::parallel_for``, which splits every kernel's
+rows over torch's intra-op threads, is a header template that runs its whole range on the calling
+thread unless the including file is compiled with OpenMP; the extension links the ``libgomp.so.1``
+torch has already loaded, so there is one thread pool. A compiler that cannot build with OpenMP
+gets one more build without it (its kernels then run on one thread; :func:`parallel` says which).
+``-O3 -fno-math-errno -fno-trapping-math``: both only drop C's side channels (``errno``, FP
 exception flags) so that ``sqrt`` becomes one instruction and the selects vectorise; and
 ``-ffp-contract=fast``, GCC's default for GNU C that the ISO ``-std=c++20`` of cpp_extension turns
 off: multiply-adds become FMA instructions in the AVX2/AVX-512 clones, as in the C build. The results
@@ -48,11 +53,12 @@ import torch
 
 from .self_check import self_check
 
-__all__ = ["cache_dir", "enabled", "library", "reset", "status", "switched_on"]
+__all__ = ["cache_dir", "enabled", "library", "parallel", "reset", "status", "switched_on"]
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "ops.cpp", CSRC / "kernels.c")
 FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast")
+OPENMP_FLAGS = ("-fopenmp",)  # compile and link
 _NAME = "pml_hyperbolic_kernels"
 
 _log = logging.getLogger("pml_hyperbolic.kernels")
@@ -104,16 +110,20 @@ def cache_dir() -> Path:
     return Path(base) / "pml_hyperbolic"
 
 
-def build_key() -> str:
+def _flags(openmp: bool) -> tuple[str, ...]:
+    return FLAGS + (OPENMP_FLAGS if openmp else ())
+
+
+def build_key(openmp: bool = True) -> str:
     """Hash of the sources and flags (the build folder's name; torch's version and the Python ABI
     name the folder above it)."""
     parts = [path.read_bytes() for path in SOURCES]
-    parts += [repr(FLAGS).encode(), os.environ.get("PML_HYPERBOLIC_CC", "").encode()]
+    parts += [repr(_flags(openmp)).encode(), os.environ.get("PML_HYPERBOLIC_CC", "").encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
-def build_dir() -> Path:
-    return cache_dir() / f"torch-{torch.__version__}-{sys.implementation.cache_tag}" / build_key()
+def build_dir(openmp: bool = True) -> Path:
+    return cache_dir() / f"torch-{torch.__version__}-{sys.implementation.cache_tag}" / build_key(openmp)
 
 
 @contextlib.contextmanager
@@ -133,7 +143,7 @@ def _compiler_env():
                 os.environ["CXX"] = previous
 
 
-def _compile_and_load(folder: Path) -> None:
+def _compile_and_load(folder: Path, openmp: bool = True) -> None:
     """Load the verified cached build, else build (cpp_extension) and load, then record the digest.
     Once per process: the operators stay registered after :func:`reset`, and loading a second copy
     would register them twice, which aborts."""
@@ -141,19 +151,25 @@ def _compile_and_load(folder: Path) -> None:
     if _loaded_in_process:
         return
     if not _load_verified_copy(folder):
-        _build_and_load(folder)
+        _build_and_load(folder, openmp)
         _record_digest(folder)
     _loaded_in_process = True
 
 
-def _build_and_load(folder: Path) -> None:
+def _build_and_load(folder: Path, openmp: bool = True) -> None:
     from torch.utils.cpp_extension import load
 
     folder.mkdir(parents=True, exist_ok=True)
     with _compiler_env(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (cpp_extension's notes about CUDA_HOME and the compiler ABI)
-        load(name=_NAME, sources=[str(SOURCES[0])], extra_cflags=list(FLAGS), build_directory=str(folder),
+        load(name=_NAME, sources=[str(SOURCES[0])], extra_cflags=list(_flags(openmp)),
+             extra_ldflags=list(OPENMP_FLAGS if openmp else ()), build_directory=str(folder),
              is_python_module=False, verbose=False)
+
+
+def _build_failed(exc: Exception) -> bool:
+    """Whether ``exc`` is cpp_extension's report of a failed compile or link (not a missing tool)."""
+    return isinstance(exc, RuntimeError) and "Error building extension" in str(exc)
 
 
 def _library_file(folder: Path) -> Path:
@@ -217,6 +233,12 @@ def _load():
     except OSError:  # a damaged shared object that did not load: built again once
         shutil.rmtree(folder, ignore_errors=True)
         _compile_and_load(folder)
+    except RuntimeError as exc:  # a compiler without OpenMP: the same sources without it
+        if not _build_failed(exc):
+            raise
+        _log.info("pml_hyperbolic kernels: the build with OpenMP failed, building without it (one thread)")
+        folder = build_dir(openmp=False)
+        _compile_and_load(folder, openmp=False)
     ops = _operators()
     if platform.machine().lower() in ("x86_64", "amd64") and not ops._native_vector_clones():
         raise RuntimeError("built without AVX2/AVX-512 clones (the SSE2 loop is slower than torch's)")
@@ -253,6 +275,13 @@ def library():
                 _state["reason"] = f"torch (native unavailable: {type(exc).__name__}: {str(exc)[-400:]})"
                 _log.info("pml_hyperbolic kernels: %s", _state["reason"])
     return _state["ops"]
+
+
+def parallel() -> bool:
+    """Whether the loaded native kernels share their loops over torch's intra-op threads (built with
+    OpenMP); False on the torch path (whose own ops are parallel) and for a build without OpenMP."""
+    ops = library()
+    return bool(ops is not None and ops._native_openmp())
 
 
 def reset() -> None:

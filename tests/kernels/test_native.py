@@ -245,6 +245,44 @@ def test_failed_build_falls_back_to_torch(fresh_native, caplog):
 
 
 @needs_native
+def test_a_compiler_without_openmp_gets_a_build_without_it(fresh_native, caplog):
+    calls = []
+
+    def compile_and_load(folder, openmp=True):
+        calls.append((folder, openmp))
+        if openmp:  # what cpp_extension raises when the compile or link fails
+            raise RuntimeError("Error building extension 'pml_hyperbolic_kernels': unrecognized option -fopenmp")
+        # (the operators are registered in this process already)
+
+    fresh_native.setattr(build, "_compile_and_load", compile_and_load)
+    with caplog.at_level(logging.INFO, logger="pml_hyperbolic.kernels"):
+        assert _native.status() == "native"
+    assert calls == [(build.build_dir(), True), (build.build_dir(openmp=False), False)]
+    assert build.build_dir() != build.build_dir(openmp=False)  # the two builds never share a folder
+    assert [r for r in caplog.records if "without it" in r.getMessage()]
+
+
+def test_a_failure_other_than_the_build_is_not_retried(fresh_native):
+    calls = []
+
+    def compile_and_load(folder, openmp=True):
+        calls.append(openmp)
+        raise RuntimeError("no C++ compiler found")
+
+    fresh_native.setattr(build, "_compile_and_load", compile_and_load)
+    assert _native.status().startswith("torch (native unavailable")
+    assert calls == [True]
+
+
+@needs_native
+def test_the_build_shares_its_loops_over_torch_threads():
+    # at::parallel_for runs serially in a file compiled without OpenMP: the build must carry it
+    # wherever the compiler has it (GCC with libgomp here), and the status says so
+    assert build.parallel() is True
+    assert kernels.status()["cpu_threads"] == "torch's intra-op threads"
+
+
+@needs_native
 def test_torch_path_equals_native_path(fresh_native):
     x = radial_points(70, 16, 0.0, 2.5, 1, torch.float64)
     native = pb.pairwise_dist(x, x, C)

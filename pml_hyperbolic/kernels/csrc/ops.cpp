@@ -330,6 +330,16 @@ int64_t lca_backward_(Tensor grad, Tensor dist, Tensor i, Tensor j, Tensor k, Te
 
 int64_t vector_clones() { return pml_vector_clones(); }
 
+// 1 when built with OpenMP: at::parallel_for (in_parallel) then shares the loops over torch's
+// intra-op threads; without it at::parallel_for runs its whole range on the calling thread.
+int64_t openmp_build() {
+#ifdef _OPENMP
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pml_hyperbolic, m) {
@@ -349,6 +359,7 @@ TORCH_LIBRARY_FRAGMENT(pml_hyperbolic, m) {
   m.def("_native_lca_backward_(Tensor(a!) grad, Tensor dist, Tensor i, Tensor j, Tensor k, Tensor u, Tensor scale, "
         "int[] bounds) -> int");
   m.def("_native_vector_clones() -> int");
+  m.def("_native_openmp() -> int");
 }
 
 TORCH_LIBRARY_IMPL(pml_hyperbolic, CPU, m) {
@@ -365,4 +376,5 @@ TORCH_LIBRARY_IMPL(pml_hyperbolic, CPU, m) {
 
 TORCH_LIBRARY_IMPL(pml_hyperbolic, CompositeExplicitAutograd, m) {
   m.impl("_native_vector_clones", TORCH_FN(vector_clones));
+  m.impl("_native_openmp", TORCH_FN(openmp_build));
 }
