@@ -25,7 +25,7 @@ __all__ = ["distance_tail", "enabled", "general_distance_tail", "lca_backward", 
            "status", "switched_on", "symmetric_distance_tail", "symmetric_gradient_weights", "uniform_rows"]
 
 # Below this many elements a call runs on one thread (a thread hand-off costs more than it saves).
-_MIN_ELEMENTS_PER_THREAD = 1 << 18
+_MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 
 def _signed64(key: int) -> int:
