@@ -179,6 +179,26 @@ def test_deterministic_in_the_key_and_independent_of_the_block(path):
     assert torch.equal(plain[1], m1.argmin(dim=1))  # no noise: the plain LCA, argmin of the maxima
 
 
+@needs_native
+def test_native_rows_give_the_same_bits_on_one_and_two_threads():
+    # the forward's triplet rows and the backward's scatter split their rows over torch's threads:
+    # the loss and the gradient may not change by a bit
+    dist, i, j, k = problem(torch.float32, n=400, p=128, t=3000, seed=4, spread=0.5)
+    results = []
+    for threads in (1, 2):
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            d = dist.clone().requires_grad_()
+            loss, a, b = lca.lca_triplet_loss(d, i, j, k, tau=0.5, margin=0.1, key=key(), block=512)
+            (loss * torch.linspace(0.5, 1.5, loss.numel())).sum().backward()
+            results.append((loss.detach(), a, b, d.grad))
+        finally:
+            torch.set_num_threads(previous)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
+
+
 def test_device_generator_source_is_keyed(monkeypatch):
     """Off the CPU the draws come from a generator of the device seeded with the key (exercised here
     with a CPU generator through the torch ops): the same key gives the same draws, losses and rows."""

@@ -142,6 +142,44 @@ def test_threads_split_rows_and_give_the_same_bits():
     assert torch.equal(one, two) and torch.equal(S1, S2)
 
 
+def _with_torch_threads(threads, fn):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_gram_tails_and_weights_give_the_same_bits_on_one_and_two_threads(dtype):
+    # each part of a native loop owns whole rows (or bands): splitting them over torch's threads
+    # may not change a bit of D, S, the close-pair count or the symmetric gradient weights
+    g = torch.Generator().manual_seed(5)
+    n, m, dim, cf = 600, 520, 16, 0.1
+    x = pb.expmap0(0.4 * torch.randn(n, dim, generator=g, dtype=torch.float64), cf).to(dtype)
+    y = pb.expmap0(0.4 * torch.randn(m, dim, generator=g, dtype=torch.float64), cf).to(dtype)
+    x[7] = y[3]  # one coincident pair: marked close
+    x2, y2 = (x * x).sum(1), (y * y).sum(1)
+    inv_a, inv_b = 1 / (1 - cf * x2), 1 / (1 - cf * y2)
+    U = torch.rand(n, n, generator=g, dtype=torch.float64).to(dtype)
+    results = []
+    for threads in (1, 2):
+        def run():
+            G, S = x @ y.T, torch.empty(n, m, dtype=dtype)
+            closes = _native.general_distance_tail(G, S, x2, 2 * cf * inv_a, y2, inv_b, cf ** -0.5, 0.5, threads)
+            H, T = x @ x.T, torch.empty(n, n, dtype=dtype)
+            sym_closes = _native.symmetric_distance_tail(H, T, x2, 2 * cf * inv_a, inv_a, cf ** -0.5, 0.5, threads)
+            assert _native.symmetric_gradient_weights(U, T, threads)
+            return G, S, closes, H, T, sym_closes
+
+        results.append(_with_torch_threads(threads, run))
+    assert results[0][2] >= 1 and results[0][5] >= 2  # the coincident pair was marked
+    for one, two in zip(*results):
+        assert torch.equal(one, two) if isinstance(one, torch.Tensor) else one == two
+
+
 @needs_native
 def test_unsupported_inputs_are_declined_untouched():
     P, q = tail_inputs(torch.float32)
