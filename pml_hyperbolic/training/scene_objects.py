@@ -98,7 +98,10 @@ class ComposedGlyphScenes(_SceneObjectBase):
     """Scenes of 2–``max_objects`` glyphs pasted without overlap on a white canvas.
 
     Item ``i`` is the same composition for a given ``seed`` (the layout is seeded by (seed, i));
-    the augmentations of the views use the global torch RNG like any transform.
+    the augmentations of the views use the global torch RNG like any transform. Each glyph image is
+    the chosen object of one scene per ``len(glyphs)`` items; with fewer scenes than glyph images
+    (a check set) the chosen objects are a seeded sample of all of them, not the first images of a
+    dataset ordered by class (which would give runs of scenes around one character).
 
     Args:
         glyphs: a :class:`~pml_hyperbolic.data.GlyphDataset` built with ``transform=None`` (PIL images).
@@ -129,6 +132,7 @@ class ComposedGlyphScenes(_SceneObjectBase):
         self.seed = seed
         self.glyph_labels = np.asarray(glyphs.labels)
         self._labels = None
+        self._order = None
 
     def __len__(self) -> int:
         return self.num_scenes
@@ -137,7 +141,7 @@ class ComposedGlyphScenes(_SceneObjectBase):
         """(glyph indices, boxes, chosen object) of scene ``index``: cells of a grid, jittered."""
         rng = np.random.default_rng([self.seed, index])
         k = int(rng.integers(self.min_objects, self.max_objects + 1))
-        first = index % len(self.glyphs)
+        first = self._first_member(index)
         others = rng.choice(len(self.glyphs), size=k - 1, replace=False)
         members = [first] + [int(o) for o in others]
         g = self.glyphs[first][0]
@@ -153,11 +157,21 @@ class ComposedGlyphScenes(_SceneObjectBase):
             boxes.append((float(x0), float(y0), float(x0 + size), float(y0 + size)))
         return members, boxes, 0
 
+    def _first_member(self, index: int) -> int:
+        """The glyph image chosen as scene ``index``'s object: in order when the scenes cover every
+        glyph image, else from a permutation seeded by ``seed``."""
+        n = len(self.glyphs)
+        if self.num_scenes >= n:
+            return index % n
+        if self._order is None:
+            self._order = np.random.default_rng([self.seed, n]).permutation(n)
+        return int(self._order[index % n])
+
     @property
     def labels(self) -> np.ndarray:
         """Class of the chosen object of each scene (only for samplers/diagnostics; HCL ignores it)."""
         if self._labels is None:
-            self._labels = self.glyph_labels[np.arange(self.num_scenes) % len(self.glyphs)]
+            self._labels = self.glyph_labels[[self._first_member(i) for i in range(self.num_scenes)]]
         return self._labels
 
     def canvas(self, index: int):

@@ -235,3 +235,19 @@ def test_scene_object_check_data_and_report(monkeypatch):
     assert torch.allclose(seen["scenes"][:1], want_scene, atol=1e-6)
     assert seen["owner"].tolist() == sorted(seen["owner"].tolist())
     assert seen["scenes"].norm(dim=1).max() < 1 / 0.05 ** 0.5  # points of the ball of c = 0.05
+
+
+def test_a_check_set_smaller_than_its_glyphs_samples_its_chosen_objects_across_classes():
+    from pml_hyperbolic.data import GlyphDataset
+
+    glyphs = GlyphDataset("query")  # ordered by class: 6 fonts per character
+    labels = np.asarray(glyphs.labels)
+    check = ComposedGlyphScenes(glyphs, num_scenes=256, seed=0)
+    firsts = [check.layout(i)[0][0] for i in range(256)]
+    assert len(set(firsts)) == 256  # each glyph image chosen at most once
+    assert len(set(labels[firsts].tolist())) > 100  # in dataset order 256 scenes would cover 43 characters
+    assert np.array_equal(check.labels, labels[firsts])
+    assert firsts == [ComposedGlyphScenes(glyphs, num_scenes=256, seed=0).layout(i)[0][0] for i in range(256)]
+    assert firsts != [ComposedGlyphScenes(glyphs, num_scenes=256, seed=1).layout(i)[0][0] for i in range(256)]
+    full = ComposedGlyphScenes(glyphs, seed=0)  # one scene per glyph image: each is chosen once, in order
+    assert [full.layout(i)[0][0] for i in range(len(glyphs))] == list(range(len(glyphs)))
