@@ -42,6 +42,16 @@ Usage:  python -m bench distance            (N=M=900 and N=M=4096, D=128, ~2-3 m
         python -m bench distance --symmetric-parts [--quick]   (the symmetric forward's parts: the
                                     triangular product, its tail per block or after, the row terms)
         python -m bench distance --log1p    (adds aten log1p_ vs the kernel's log-based form)
+        python -m bench distance --steady-allocator   (no N×N buffer comes with fresh pages, see below)
+
+Allocator state. A fresh N×N buffer costs page faults when glibc's malloc serves it from new pages:
+always above its largest dynamic mmap threshold (32 MiB, e.g. 4096² float32), and at 900² (3.2 MB)
+depending on the process's history (the threshold rises after a large buffer is freed, and the heap
+top is trimmed back to the OS past the trim threshold). The baseline's own backward allocates three
+such buffers, the kernel one, so at N = 900 the ratio moves between runs with that history.
+``--steady-allocator`` pins both thresholds high (``mallopt`` at start; glibc only, refused elsewhere)
+so that freed buffers are reused without page faults: the steady state of a training loop at that
+batch size. Each row then records ``"allocator": "steady"`` (else ``"default"``).
 """
 from __future__ import annotations
 
@@ -484,6 +494,30 @@ def symmetric_parts(sizes, dim: int, repeats: int) -> None:
         torch.set_num_threads(previous)
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def steady_allocator() -> None:
+    """Pin glibc malloc's mmap threshold at 1 GiB and its trim threshold at 2 GiB - 1 for this process:
+    buffers up to 1 GiB come from the heap and stay there when freed, so a later buffer of the same size
+    reuses those pages instead of faulting in fresh ones.
+
+    Raises:
+        SystemExit: not glibc (``mallopt`` missing) or ``mallopt`` refused a value.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        raise SystemExit("--steady-allocator needs glibc's mallopt (Linux with glibc)")
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if mallopt(_M_MMAP_THRESHOLD, 1 << 30) != 1 or mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) != 1:
+        raise SystemExit("--steady-allocator: glibc's mallopt refused the thresholds")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only N = M = 900")
@@ -502,9 +536,13 @@ def main(argv=None) -> int:
                         help="--radial: the symmetric path (x is y) and the general path side by side in one run")
     parser.add_argument("--symmetric-parts", action="store_true",
                         help="instead: the symmetric forward's parts (triangular product, its tail, row terms), 1 thread")
+    parser.add_argument("--steady-allocator", action="store_true",
+                        help="pin glibc's mmap and trim thresholds high first (no N×N buffer with fresh pages)")
     parser.add_argument("--log1p-state", choices=("fresh", "after-pow"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-case", nargs=3, metavar=("NAME", "N", "D"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.steady_allocator:
+        steady_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.log1p_state:
@@ -514,7 +552,8 @@ def main(argv=None) -> int:
         name, n, dim = args.memory_case
         memory_case(name, int(n), int(dim))
         return 0
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, c = {C}, load average {os.getloadavg()[0]:.2f}")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, c = {C}, load average {os.getloadavg()[0]:.2f}"
+          + (", allocator pinned (--steady-allocator)" if args.steady_allocator else ""))
     if args.symmetric_parts:
         symmetric_parts((900,) if args.quick else (900, 4096), 128, args.repeats if args.quick else max(5, args.repeats // 4))
         return 0
@@ -534,7 +573,8 @@ def main(argv=None) -> int:
         base = med_n["CosineSimilarity"]
         rows += [{"n": n, "d": 128, "method": k, "baseline": "CosineSimilarity", "fwd ms": round(m["fwd"] * 1e3, 3),
                   "fwd ratio": round(m["fwd"] / base["fwd"], 2), "fwd+bwd ms": round(m["fb"] * 1e3, 3),
-                  "fwd+bwd ratio": round(m["fb"] / base["fb"], 2)} for k, m in med_n.items()]
+                  "fwd+bwd ratio": round(m["fb"] / base["fb"], 2),
+                  "allocator": "steady" if args.steady_allocator else "default"} for k, m in med_n.items()]
     ratio = med["pairwise_dist(x, x)"]["fb"] / med["CosineSimilarity"]["fb"]
     print(f"\npairwise_dist fwd+bwd / CosineSimilarity = {ratio:.2f} (target ≤ 1.5)")
     if args.log1p:
