@@ -19,7 +19,7 @@ import torch
 steady_allocator()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(2):  # 64 MiB: above glibc's largest dynamic mmap threshold, mmapped afresh by default
+for _ in range(8):  # (the heap settles within a few) 64 MiB: above glibc's largest dynamic mmap threshold, mmapped afresh by default
     torch.ones(4096, 4096).sum()
 before = faults()
 for _ in range(5):
