@@ -132,7 +132,8 @@ class ComposedGlyphScenes(_SceneObjectBase):
         self.seed = seed
         self.glyph_labels = np.asarray(glyphs.labels)
         self._labels = None
-        self._order = None
+        n = len(glyphs)  # each scene's chosen glyph image: in order, or a seeded sample for fewer scenes
+        self._order = np.arange(n) if self.num_scenes >= n else np.random.default_rng([seed, n]).permutation(n)
 
     def __len__(self) -> int:
         return self.num_scenes
@@ -160,12 +161,7 @@ class ComposedGlyphScenes(_SceneObjectBase):
     def _first_member(self, index: int) -> int:
         """The glyph image chosen as scene ``index``'s object: in order when the scenes cover every
         glyph image, else from a permutation seeded by ``seed``."""
-        n = len(self.glyphs)
-        if self.num_scenes >= n:
-            return index % n
-        if self._order is None:
-            self._order = np.random.default_rng([self.seed, n]).permutation(n)
-        return int(self._order[index % n])
+        return int(self._order[index % len(self._order)])
 
     @property
     def labels(self) -> np.ndarray:
