@@ -9,6 +9,7 @@ import torch
 
 from pml_hyperbolic import kernels
 from pml_hyperbolic.kernels import lca
+from tests.kernels import torch_threads
 
 OPS = torch.ops.pml_hyperbolic
 needs_native = pytest.mark.skipif(kernels.status()["pairwise"] != "native", reason="native kernels unavailable here")
@@ -186,15 +187,11 @@ def test_native_rows_give_the_same_bits_on_one_and_two_threads():
     dist, i, j, k = problem(torch.float32, n=400, p=128, t=3000, seed=4, spread=0.5)
     results = []
     for threads in (1, 2):
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             d = dist.clone().requires_grad_()
             loss, a, b = lca.lca_triplet_loss(d, i, j, k, tau=0.5, margin=0.1, key=key(), block=512)
             (loss * torch.linspace(0.5, 1.5, loss.numel())).sum().backward()
             results.append((loss.detach(), a, b, d.grad))
-        finally:
-            torch.set_num_threads(previous)
     for one, two in zip(*results):
         assert torch.equal(one, two)
 

@@ -14,6 +14,7 @@ import torch
 from pml_hyperbolic import kernels
 from pml_hyperbolic.kernels import build
 from pml_hyperbolic.kernels import native as _native
+from tests.kernels import torch_threads
 from pml_hyperbolic.kernels.self_check import self_check
 from pml_hyperbolic.kernels import tail
 from pml_hyperbolic import poincare_ball as pb
@@ -142,15 +143,6 @@ def test_threads_split_rows_and_give_the_same_bits():
     assert torch.equal(one, two) and torch.equal(S1, S2)
 
 
-def _with_torch_threads(threads, fn):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(previous)
-
-
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_gram_tails_and_weights_give_the_same_bits_on_one_and_two_threads(dtype):
@@ -174,7 +166,8 @@ def test_the_gram_tails_and_weights_give_the_same_bits_on_one_and_two_threads(dt
             assert _native.symmetric_gradient_weights(U, T, threads)
             return G, S, closes, H, T, sym_closes
 
-        results.append(_with_torch_threads(threads, run))
+        with torch_threads(threads):
+            results.append(run())
     assert results[0][2] >= 1 and results[0][5] >= 2  # the coincident pair was marked
     for one, two in zip(*results):
         assert torch.equal(one, two) if isinstance(one, torch.Tensor) else one == two

@@ -15,6 +15,7 @@ from pml_hyperbolic.kernels import native as _native
 from pml_hyperbolic.kernels import pairwise as kernel
 from pml_hyperbolic.kernels import gram, tail
 from pml_hyperbolic import poincare_ball as pb
+from tests.kernels import torch_threads
 
 pytestmark = pytest.mark.skipif(_native.status() != "native", reason="native library unavailable here")
 
@@ -283,17 +284,13 @@ def test_two_threads_match_one(monkeypatch):
     over the threads (and the backward's weights too): the same matrix and gradient within the
     products' rounding (the GEMM's blocking may differ with the thread count)."""
     x = radial_points(600, 32, 0.1, 2.5, 11)
-    previous = torch.get_num_threads()
     results = []
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with torch_threads(threads):
             xi = x.clone().requires_grad_()
             d = pb.pairwise_dist(xi, xi, 0.1)
             (d * d).sum().backward()
             results.append((d.detach(), xi.grad))
-    finally:
-        torch.set_num_threads(previous)
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-4)
 
